@@ -1,0 +1,168 @@
+"""Loading and validating ``mqguard.toml``.
+
+Every mistake becomes a :class:`~mqguard.errors.ConfigError` that names the
+file, the key (as a TOML path) and the offending value, because operators read
+these at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mqguard.errors import ConfigError
+from mqguard.settings import AddressSettingsRepository, AddressSettingsTable
+
+DEFAULT_CONFIG_FILE = "mqguard.toml"
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=_kebab, populate_by_name=True,
+                              frozen=True, strict=True)
+
+
+class EventLogConfig(_Section):
+    """``[mqguard.event-log]``: where and how events are written."""
+
+    enabled: bool = True
+    #: Directory of the JSONL files; each process writes its own file in it.
+    directory: str = "mqguard-events"
+    #: Rotate the current file once it exceeds this many bytes.
+    max_bytes: int = Field(64 * 1024 * 1024, ge=4096)
+    #: Rotated files kept per process (gzip-compressed); 0 keeps them all.
+    backup_count: int = Field(20, ge=0)
+    #: Upper bound on how long an event may sit in memory before it is written.
+    flush_interval_ms: int = Field(200, ge=1, le=60_000)
+    #: Events buffered before a write is forced regardless of the time bound.
+    buffer_events: int = Field(4096, ge=1, le=1_000_000)
+    #: fsync after each write: survives power loss, costs throughput.
+    fsync: bool = False
+
+
+class CoreConfig(_Section):
+    """``[mqguard]``: the process-wide settings."""
+
+    #: Identifies this process in events and store keys; default ``<host>-<pid>``.
+    node_id: str | None = None
+    #: ``memory`` (one process, the default) or a Redis URL: ``redis://``, ``rediss://``,
+    #: ``unix://``, ``redis+cluster://host:port`` for Redis Cluster.
+    store: str = "memory"
+    #: Built-in or third-party plugin names not to load.
+    disabled_plugins: list[str] = Field(default_factory=list)
+    #: Artemis global ``id-cache-size``; per-address settings override it.
+    id_cache_size: int = Field(20000, ge=0)
+    #: Artemis ``message-expiry-scan-period`` in ms; -1 turns the reaper off.
+    message_expiry_scan_period: int = Field(30000, ge=-1)
+    event_log: EventLogConfig = Field(default_factory=EventLogConfig)
+
+    @field_validator("store")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        schemes = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+        if value != "memory" and not value.startswith(schemes):
+            raise ValueError("must be 'memory' or a redis://, rediss://, unix:// or "
+                             "redis+cluster:// URL")
+        return value
+
+
+class MqguardConfig(BaseModel):
+    """The whole of ``mqguard.toml``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    core: CoreConfig = Field(default_factory=CoreConfig, alias="mqguard")
+    address_settings: dict[str, AddressSettingsTable] = Field(
+        default_factory=dict, alias="address-settings")
+    #: Free-form ``[plugins.<name>]`` tables; each plugin validates its own.
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: Where the configuration came from, for error messages.
+    source: str = Field("<defaults>", exclude=True)
+
+    @field_validator("address_settings")
+    @classmethod
+    def _valid_match_keys(cls, value: dict[str, AddressSettingsTable]
+                          ) -> dict[str, AddressSettingsTable]:
+        for key in value:
+            words = key.split(".")
+            if not key or any(word == "" for word in words):
+                raise ValueError(f"match key {key!r} has an empty word")
+            if any(("#" in w or "*" in w) and w not in ("#", "*") for w in words):
+                raise ValueError(f"match key {key!r}: '#' and '*' must be whole words")
+        return value
+
+    @property
+    def node_id(self) -> str:
+        return self.core.node_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    def address_settings_repository(self) -> AddressSettingsRepository:
+        return AddressSettingsRepository(self.address_settings,
+                                         global_id_cache_size=self.core.id_cache_size)
+
+    def plugin_options(self, name: str) -> dict[str, Any]:
+        return dict(self.plugins.get(name, {}))
+
+    def with_overrides(self, **core_changes: Any) -> MqguardConfig:
+        """A copy with some ``[mqguard]`` values replaced (used by the CLI and tests)."""
+        core = self.core.model_copy(update=core_changes)
+        return self.model_copy(update={"core": core})
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        text = str(item)
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+            continue
+        text = _kebab(text)
+        needs_quotes = not text.replace("-", "").replace("_", "").isalnum()
+        parts.append(f'"{text}"' if needs_quotes else text)
+    return ".".join(parts).replace(".[", "[")
+
+
+def _validation_error(source: str, error: ValidationError) -> ConfigError:
+    lines = [f"{source}: invalid configuration"]
+    for item in error.errors():
+        location = _format_location(tuple(item["loc"]))
+        value = item.get("input")
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {location}: unknown key (value {value!r})")
+        else:
+            lines.append(f"  {location} = {value!r}: {item['msg']}")
+    return ConfigError("\n".join(lines))
+
+
+def parse_config(data: dict[str, Any], source: str = "<inline>") -> MqguardConfig:
+    """Validate an already-parsed TOML document."""
+    try:
+        return MqguardConfig.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise _validation_error(source, exc) from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> MqguardConfig:
+    """Load ``path``; with no path, ``./mqguard.toml`` if present, else the defaults."""
+    if path is None:
+        candidate = Path(DEFAULT_CONFIG_FILE)
+        if not candidate.exists():
+            return MqguardConfig()
+        path = candidate
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read configuration: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    return parse_config(data, str(file))

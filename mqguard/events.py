@@ -1,0 +1,279 @@
+"""The event log: every decision the guard makes, as one JSON object per line.
+
+It is the Spark audit's main input, so it must be complete: the pipeline
+writes an event for every send outcome and every delivery outcome. It must also
+be cheap: :meth:`EventLog.emit` only appends a small dict to a buffer; a
+background thread encodes and writes, at the latest every
+``flush-interval-ms`` and whenever ``buffer-events`` accumulate. Nothing is
+dropped: if the writer falls far behind, ``emit`` writes synchronously
+(back-pressure), and :meth:`EventLog.close` (also run at interpreter exit)
+writes whatever is left.
+
+Schema (version 1, documented in ``docs/events.md``)::
+
+    {"v": 1, "ts": <epoch ms>, "type": "<EventType>", "node": "<node id>",
+     "address": "...", "message_id": "...", ...optional fields, absent when unset}
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import gzip
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mqguard.message import Message
+
+SCHEMA_VERSION = 1
+
+
+class EventType(enum.StrEnum):
+    """Every kind of decision. The audit relies on these names: never rename one."""
+
+    #: The broker confirmed a guarded send.
+    SENT = "sent"
+    #: The send failed (broker error, timeout); the outcome may be unknown.
+    SEND_FAILED = "send_failed"
+    #: A plugin rejected the send; the caller got an error.
+    REJECTED = "rejected"
+    #: A plugin dropped the send; the caller was told it succeeded.
+    DROPPED = "dropped"
+    #: Dropped because its duplicate id was already cached.
+    DUPLICATE_REJECTED = "duplicate_rejected"
+    #: A transaction committed / rolled back.
+    TX_COMMITTED = "tx_committed"
+    TX_ROLLED_BACK = "tx_rolled_back"
+    #: A message was handed to the application handler.
+    DELIVERED = "delivered"
+    #: A delivery was acknowledged (field ``ack_reason``).
+    ACKED = "acked"
+    #: A delivery was negatively acknowledged to the broker.
+    NACKED = "nacked"
+    #: The handler raised; field ``reason`` holds the exception.
+    HANDLER_FAILED = "handler_failed"
+    REDELIVERY_SCHEDULED = "redelivery_scheduled"
+    DEAD_LETTERED = "dead_lettered"
+    EXPIRED = "expired"
+    DUPLICATE_DELIVERY_SUPPRESSED = "duplicate_delivery_suppressed"
+    #: A copy was sent to another address (field ``target``).
+    MOVED = "moved"
+    #: A delivery was discarded by a plugin without reaching the handler.
+    DELIVERY_DROPPED = "delivery_dropped"
+
+
+def message_fields(message: Message) -> dict[str, Any]:
+    """The event fields that describe ``message``."""
+    fields: dict[str, Any] = {"address": message.address, "message_id": message.message_id}
+    if message.duplicate_id is not None:
+        fields["duplicate_id"] = message.duplicate_id
+    if message.producer_id is not None:
+        fields["producer_id"] = message.producer_id
+        fields["seq"] = message.sequence
+    if message.expiration:
+        fields["expiration"] = message.expiration
+    if message.delivery_count:
+        fields["delivery_count"] = message.delivery_count
+    if message.broker_message_id is not None:
+        fields["broker_message_id"] = message.broker_message_id
+    return fields
+
+
+_SAFE_NODE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class EventLog:
+    """Buffered, rotating JSONL writer. Thread-safe; one file per process (node)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        node_id: str,
+        max_bytes: int = 64 * 1024 * 1024,
+        backup_count: int = 20,
+        flush_interval_ms: int = 200,
+        buffer_events: int = 4096,
+        fsync: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.node_id = node_id
+        self._stem = f"events-{_SAFE_NODE.sub('_', node_id)}"
+        self.path = self.directory / f"{self._stem}.jsonl"
+        self._max_bytes = max_bytes
+        self._backup_count = backup_count
+        self._interval = flush_interval_ms / 1000.0
+        self._buffer_events = buffer_events
+        # Past this many pending events, emit() writes itself: memory stays
+        # bounded and nothing is dropped when the disk is slow.
+        self._max_pending = buffer_events * 16
+        self._fsync = fsync
+        self._pending: list[dict[str, Any]] = []
+        self._pending_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._wakeup = threading.Event()
+        self._closed = False
+        self._file = open(self.path, "ab")  # noqa: SIM115 - owned for the log's lifetime
+        self._size = self._file.tell()
+        self._rotation = self._next_rotation_number()
+        self.emitted = 0
+        self._writer = threading.Thread(target=self._run, name="mqguard-eventlog", daemon=True)
+        self._writer.start()
+        _open_logs.add(self)
+
+    # -- producing events ---------------------------------------------------------
+
+    def emit(self, event_type: EventType | str, message: Message | None = None,
+             **fields: Any) -> None:
+        """Record one event. Cheap: no I/O, no JSON encoding on the caller's thread."""
+        record: dict[str, Any] = {"v": SCHEMA_VERSION, "ts": time.time_ns() // 1_000_000,
+                                  "type": str(event_type), "node": self.node_id}
+        if message is not None:
+            record.update(message_fields(message))
+        for key, value in fields.items():
+            if value is not None:
+                record[key] = value
+        if self._closed:
+            raise RuntimeError(f"event log {self.path} is closed; event {event_type} not written")
+        with self._pending_lock:
+            self._pending.append(record)
+            self.emitted += 1
+            backlog = len(self._pending)
+        if backlog >= self._buffer_events:
+            self._wakeup.set()
+        if backlog >= self._max_pending:
+            self.flush()
+
+    # -- writing --------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write every pending event now."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        if batch:
+            self._write(batch)
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) + "\n"
+                       for r in batch).encode("utf-8")
+        with self._write_lock:
+            self._file.write(data)
+            self._file.flush()
+            if self._fsync:
+                os.fsync(self._file.fileno())
+            self._size += len(data)
+            if self._size >= self._max_bytes:
+                self._rotate()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wakeup.wait(self._interval)
+            self._wakeup.clear()
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - keep the writer alive; close() retries
+                time.sleep(self._interval)
+
+    # -- rotation ---------------------------------------------------------------------
+
+    def _rotated_files(self) -> list[Path]:
+        return sorted(self.directory.glob(f"{self._stem}.*.jsonl.gz"))
+
+    def _next_rotation_number(self) -> int:
+        numbers = [int(p.name.split(".")[-3]) for p in self._rotated_files()
+                   if p.name.split(".")[-3].isdigit()]
+        return max(numbers, default=0) + 1
+
+    def _rotate(self) -> None:
+        # Called with _write_lock held. The closed file is compressed under a
+        # temporary name and renamed, so a reader never sees half a gzip file.
+        self._file.close()
+        target = self.directory / f"{self._stem}.{self._rotation:06d}.jsonl.gz"
+        partial = target.with_suffix(".gz.partial")
+        with open(self.path, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+        partial.rename(target)
+        self._rotation += 1
+        self._file = open(self.path, "wb")  # noqa: SIM115
+        self._size = 0
+        if self._backup_count:
+            for old in self._rotated_files()[: -self._backup_count]:
+                old.unlink(missing_ok=True)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write everything pending and close the file. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeup.set()
+        self._writer.join(timeout=10)
+        self.flush()
+        with self._write_lock:
+            self._file.close()
+        _open_logs.discard(self)
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class NullEventLog(EventLog):
+    """An event log that writes nothing (``[mqguard.event-log] enabled = false``)."""
+
+    def __init__(self, node_id: str = "null") -> None:  # noqa: D107 - no file, no thread
+        self.node_id = node_id
+        self.emitted = 0
+
+    def emit(self, event_type: EventType | str, message: Message | None = None,
+             **fields: Any) -> None:
+        self.emitted += 1
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+_open_logs: weakref.WeakSet[EventLog] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_logs() -> None:
+    # A process that forgets close() must still not lose its last events.
+    for log in list(_open_logs):
+        log.close()
+
+
+def iter_event_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
+    """Expand directories into their event files (rotated ones first, in order)."""
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            yield from sorted(path.glob("*.jsonl.gz"))
+            yield from sorted(path.glob("*.jsonl"))
+        else:
+            yield path
+
+
+def read_events(*paths: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Read events back from files or directories (``.jsonl`` and ``.jsonl.gz``)."""
+    for path in iter_event_files(paths):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                if line.strip():
+                    yield json.loads(line)

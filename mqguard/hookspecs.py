@@ -1,0 +1,177 @@
+"""Hook specifications: the whole plugin API of mqguard.
+
+Modelled on ActiveMQ Artemis's ``ActiveMQServerMessagePlugin``. Plugins are
+modules or objects with functions marked ``@mqguard.hookimpl`` whose names
+match the specifications below; like pytest, an implementation may accept any
+subset of the specification's arguments.
+
+Two kinds of hooks:
+
+* **Decision hooks** (:func:`before_send`, :func:`before_deliver`) return a
+  :class:`~mqguard.verdict.Verdict` or ``None``. They are *firstresult*: the
+  first implementation that returns a verdict decides and the rest are not
+  called. ``None`` means "no opinion, ask the next plugin". Order plugins with
+  ``tryfirst`` / ``trylast``.
+* **Observers** (everything else) return nothing; their exceptions are logged
+  by the pipeline and never change the fate of a message.
+
+Every hook receives a :class:`~mqguard.context.HookContext` as ``ctx``: the
+resolved address settings, the store, the event log, the adapter's
+capabilities and the transaction, if any.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from mqguard.config import MqguardConfig
+    from mqguard.context import HookContext
+    from mqguard.message import Message
+    from mqguard.pipeline import Guard
+    from mqguard.verdict import AckReason, Verdict
+
+PROJECT_NAME = "mqguard"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# -- lifecycle -----------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def configure(config: MqguardConfig) -> None:
+    """Called once the configuration is loaded, before any message flows.
+
+    Validate your ``[plugins.<name>]`` table here and raise
+    :class:`~mqguard.errors.ConfigError` naming the key when it is wrong.
+    Historic: plugins registered later are called with the same config.
+    """
+
+
+@hookspec
+def guard_started(guard: Guard) -> None:
+    """Called when a guard (producer, consumer or sidecar) starts. Start threads here."""
+
+
+@hookspec
+def guard_stopping(guard: Guard) -> None:
+    """Called when a guard stops, before the event log is closed. Stop threads here."""
+
+
+# -- send path -----------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def before_send(message: Message, ctx: HookContext) -> Verdict | None:
+    """Decide whether ``message`` goes to the broker (Artemis ``beforeSend``).
+
+    The message already carries its mqguard id. Implementations may modify it
+    (stamp an expiration, add headers) and return ``None`` to let the next plugin
+    decide, or return a verdict: ``Verdict.reject(reason)`` fails the send,
+    ``Verdict.drop(reason)`` swallows it while the send still succeeds for the
+    caller (how duplicates are treated), ``Verdict.move(address, reason)``
+    sends it elsewhere. Inside a transaction ``ctx.transaction`` is set.
+    """
+
+
+@hookspec
+def after_send(message: Message, ctx: HookContext) -> None:
+    """The broker confirmed ``message`` (Artemis ``afterSend``).
+
+    Inside a transaction this is called at COMMIT, once the broker confirmed it,
+    for each message of the transaction.
+    """
+
+
+@hookspec
+def on_send_exception(message: Message, ctx: HookContext, exception: BaseException) -> None:
+    """Sending ``message`` failed with ``exception`` (Artemis ``onSendException``).
+
+    The exception is re-raised to the caller after every implementation ran.
+    """
+
+
+@hookspec(firstresult=True)
+def transaction_committing(transaction: str, messages: list[Message],
+                           ctx: HookContext) -> Verdict | None:
+    """A transaction is about to commit with ``messages``; return ``Verdict.reject`` to roll it back.
+
+    Used for work that must happen atomically with COMMIT, such as making a
+    transaction's duplicate ids visible (Artemis adds them to the cache on commit).
+    firstresult: the first verdict decides.
+    """
+
+
+@hookspec
+def transaction_ended(transaction: str, committed: bool, ctx: HookContext) -> None:
+    """A transaction committed (``committed=True``) or was rolled back / aborted."""
+
+
+# -- deliver path ----------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def before_deliver(message: Message, ctx: HookContext) -> Verdict | None:
+    """Decide whether a delivered ``message`` reaches the application (Artemis ``beforeDeliver``).
+
+    ``message.delivery_count`` is already counted for this delivery. Return
+    ``None`` to hand it on, or a verdict: ``drop`` acknowledges it unhandled
+    (a suppressed duplicate delivery), ``move`` sends a copy elsewhere and
+    acknowledges the original (expired -> expiry address), ``reject``
+    acknowledges it with reason KILLED without handling.
+    """
+
+
+@hookspec
+def after_deliver(message: Message, ctx: HookContext, error: BaseException | None) -> None:
+    """The application handler returned (``error`` is None) or raised ``error``."""
+
+
+@hookspec(firstresult=True)
+def on_handler_failure(message: Message, ctx: HookContext,
+                       error: BaseException) -> Verdict | None:
+    """The handler failed on ``message``: decide its fate (Artemis ``checkRedelivery``).
+
+    Return ``Verdict.move(dla, reason)`` to dead-letter it, ``Verdict.drop`` to
+    discard it, or a verdict with action CONTINUE after having arranged a
+    redelivery yourself (then the pipeline acknowledges the current delivery).
+    ``None`` from every plugin: the pipeline negatively acknowledges the
+    delivery and leaves the rest to the broker.
+    """
+
+
+@hookspec
+def message_acknowledged(message: Message, ctx: HookContext, reason: AckReason) -> None:
+    """A delivery was acknowledged, with why (Artemis ``messageAcknowledged``)."""
+
+
+@hookspec
+def message_nacked(message: Message, ctx: HookContext, requeue: bool) -> None:
+    """A delivery was negatively acknowledged to the broker."""
+
+
+@hookspec
+def message_expired(message: Message, ctx: HookContext, moved_to: str | None) -> None:
+    """``message`` expired; ``moved_to`` is the expiry address, or None if it was dropped."""
+
+
+@hookspec
+def message_moved(original: Message, copy: Message, ctx: HookContext, reason: str) -> None:
+    """A copy of ``original`` was sent to ``copy.address`` (dead-letter, expiry, redistribution)."""
+
+
+# -- expiry reaper -----------------------------------------------------------------
+
+
+@hookspec
+def before_expiry_scan(address: str, ctx: HookContext) -> None:
+    """The expiry reaper is about to scan ``address``."""
+
+
+@hookspec
+def after_expiry_scan(address: str, ctx: HookContext, expired: int) -> None:
+    """The expiry reaper finished ``address``; ``expired`` messages were moved or dropped."""

@@ -1,0 +1,387 @@
+"""The guard pipeline: the send path and the deliver/ack path.
+
+:class:`Guard` owns the configuration, the store, the event log and the plugin
+manager, and turns hook verdicts into broker actions through an adapter. The
+producer and consumer wrappers, and the sidecar, are thin shells around it.
+Every outcome writes exactly one terminal event per message and path, which is
+what makes the event log auditable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mqguard.adapter import Adapter, Capabilities, Delivery
+from mqguard.config import MqguardConfig, load_config
+from mqguard.context import HookContext
+from mqguard.errors import MessageRejected, TransactionRolledBack
+from mqguard.events import EventLog, EventType, NullEventLog
+from mqguard.message import (
+    MOVE_REASON_HEADER,
+    ORIG_ADDRESS_HEADER,
+    ORIG_MESSAGE_ID_HEADER,
+    ORIG_QUEUE_HEADER,
+    Message,
+    new_message_id,
+)
+from mqguard.plugin_manager import make_plugin_manager
+from mqguard.stores import Store, open_store
+from mqguard.verdict import AckReason, Action, Verdict
+
+if TYPE_CHECKING:
+    import pluggy
+
+log = logging.getLogger("mqguard.pipeline")
+
+Handler = Callable[[Message], object]
+
+_DEFAULT_EVENT = {
+    Action.REJECT: EventType.REJECTED,
+    Action.DROP: EventType.DROPPED,
+    Action.MOVE: EventType.MOVED,
+}
+
+
+@dataclass(slots=True)
+class SendResult:
+    """What happened to one guarded send."""
+
+    message: Message
+    #: The deciding verdict; ``action`` CONTINUE when the message went to the broker.
+    verdict: Verdict
+
+    @property
+    def sent(self) -> bool:
+        """True when the broker has the message (or, in a transaction, will at COMMIT)."""
+        return self.verdict.action in (Action.CONTINUE, Action.MOVE)
+
+
+@dataclass(slots=True)
+class TransactionState:
+    """The guard's view of one broker transaction."""
+
+    transaction_id: str
+    address_hint: str = ""
+    messages: list[Message] = field(default_factory=list)
+    rollback_reason: str | None = None
+
+
+def make_event_log(config: MqguardConfig) -> EventLog:
+    settings = config.core.event_log
+    if not settings.enabled:
+        return NullEventLog(config.node_id)
+    return EventLog(settings.directory, node_id=config.node_id, max_bytes=settings.max_bytes,
+                    backup_count=settings.backup_count,
+                    flush_interval_ms=settings.flush_interval_ms,
+                    buffer_events=settings.buffer_events, fsync=settings.fsync)
+
+
+class Guard:
+    """Runs the hooks around sends and deliveries and applies their verdicts."""
+
+    def __init__(
+        self,
+        config: MqguardConfig | None = None,
+        *,
+        store: Store | None = None,
+        events: EventLog | None = None,
+        plugin_manager: pluggy.PluginManager | None = None,
+        role: str = "app",
+    ) -> None:
+        self.config = config if config is not None else load_config()
+        self.settings = self.config.address_settings_repository()
+        self.node_id = self.config.node_id
+        self.role = role
+        self._owns_store = store is None
+        self._owns_events = events is None
+        self.store: Store = store if store is not None else open_store(self.config.core.store)
+        self.events: EventLog = events if events is not None else make_event_log(self.config)
+        self.plugins = plugin_manager or make_plugin_manager(self.config)
+        self.hook = self.plugins.hook
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> Guard:
+        if not self._started:
+            self._started = True
+            self.hook.guard_started(guard=self)
+        return self
+
+    def close(self) -> None:
+        """Stop plugins, write pending events, release the store (if the guard made them)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            self.hook.guard_stopping(guard=self)
+        if self._owns_events:
+            self.events.close()
+        else:
+            self.events.flush()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Guard:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def context(self, address: str, capabilities: Capabilities, *, role: str | None = None,
+                queue: str | None = None, transaction: str | None = None,
+                broker: str = "unknown", raw_headers: dict[str, str] | None = None
+                ) -> HookContext:
+        return HookContext(self, address, self.settings.resolve(address), capabilities,
+                           role or self.role, queue, transaction, broker, raw_headers)
+
+    def _record_verdict(self, message: Message, verdict: Verdict, ctx: HookContext) -> None:
+        event = verdict.event or _DEFAULT_EVENT.get(verdict.action)
+        if event is not None:
+            self.events.emit(event, message, reason=verdict.reason or None,
+                             target=verdict.address, transaction=ctx.transaction,
+                             queue=ctx.queue)
+
+    # -- send path ------------------------------------------------------------------------
+
+    def decide_send(self, message: Message, ctx: HookContext) -> Verdict:
+        """Stamp the message id and ask the ``before_send`` hooks; record non-CONTINUE verdicts."""
+        if not message.message_id:
+            message.message_id = new_message_id()
+        verdict = self.hook.before_send(message=message, ctx=ctx)
+        if verdict is None:
+            return Verdict(Action.CONTINUE)
+        if verdict.action is not Action.CONTINUE:
+            self._record_verdict(message, verdict, ctx)
+        return verdict
+
+    def send(self, adapter: Adapter, message: Message, *,
+             transaction: TransactionState | None = None) -> SendResult:
+        """Guard and send one message. Raises MessageRejected on a REJECT verdict."""
+        return self.send_batch(adapter, [message], transaction=transaction)[0]
+
+    def send_batch(self, adapter: Adapter, messages: Sequence[Message], *,
+                   transaction: TransactionState | None = None) -> list[SendResult]:
+        """Guard several messages and send the accepted ones in one pipelined burst.
+
+        Outside a transaction a REJECT raises :class:`MessageRejected` after the
+        accepted messages before it were sent. Inside a transaction a REJECT marks
+        the transaction rollback-only (Artemis semantics): COMMIT will fail.
+        """
+        tx_id = transaction.transaction_id if transaction else None
+        results: list[SendResult] = []
+        outgoing: list[tuple[Message, HookContext]] = []
+        rejected: MessageRejected | None = None
+        for message in messages:
+            ctx = self.context(message.address, adapter.capabilities, role="producer",
+                               transaction=tx_id, broker=adapter.broker)
+            verdict = self.decide_send(message, ctx)
+            if verdict.action is Action.REJECT:
+                results.append(SendResult(message, verdict))
+                if transaction is not None:
+                    transaction.rollback_reason = transaction.rollback_reason or verdict.reason
+                    continue
+                rejected = MessageRejected(message.address, verdict.reason)
+                break
+            if verdict.action is Action.MOVE and verdict.address:
+                moved = message.copy_for(verdict.address)
+                moved.message_id = message.message_id
+                outgoing.append((moved, ctx))
+            elif verdict.action is Action.CONTINUE:
+                outgoing.append((message, ctx))
+            results.append(SendResult(message, verdict))
+        self._transmit(adapter, outgoing, transaction)
+        if rejected is not None:
+            raise rejected
+        return results
+
+    def _transmit(self, adapter: Adapter, outgoing: list[tuple[Message, HookContext]],
+                  transaction: TransactionState | None) -> None:
+        if not outgoing:
+            return
+        batch = [message for message, _ in outgoing]
+        tx_id = transaction.transaction_id if transaction else None
+        try:
+            send_many = getattr(adapter, "send_many", None)
+            if len(batch) > 1 and send_many is not None:
+                send_many(batch, transaction=tx_id)
+            else:
+                for message in batch:
+                    adapter.send(message, transaction=tx_id)
+        except Exception as exc:
+            # The broker may or may not have some of them: the audit classifies
+            # these as "unknown outcome" and later reconciles them with deliveries.
+            for message, ctx in outgoing:
+                self.events.emit(EventType.SEND_FAILED, message, reason=repr(exc),
+                                 transaction=tx_id)
+                self.hook.on_send_exception(message=message, ctx=ctx, exception=exc)
+            raise
+        if transaction is not None:
+            transaction.messages.extend(batch)
+            return
+        for message, ctx in outgoing:
+            self.events.emit(EventType.SENT, message)
+            self.hook.after_send(message=message, ctx=ctx)
+
+    # -- transactions ------------------------------------------------------------------
+
+    def begin(self, adapter: Adapter) -> TransactionState:
+        return TransactionState(adapter.begin())
+
+    def commit(self, adapter: Adapter, transaction: TransactionState) -> None:
+        """Commit, unless a plugin made the transaction rollback-only; then abort and raise."""
+        tx_id = transaction.transaction_id
+        address = transaction.messages[0].address if transaction.messages else ""
+        ctx = self.context(address, adapter.capabilities, role="producer", transaction=tx_id,
+                           broker=adapter.broker)
+        if transaction.rollback_reason is None:
+            verdict = self.hook.transaction_committing(
+                transaction=tx_id, messages=list(transaction.messages), ctx=ctx)
+            if verdict is not None and verdict.action is not Action.CONTINUE:
+                transaction.rollback_reason = verdict.reason or "rejected at commit"
+        if transaction.rollback_reason is not None:
+            self._rollback(adapter, transaction, ctx, transaction.rollback_reason)
+            raise TransactionRolledBack(tx_id, transaction.rollback_reason)
+        try:
+            adapter.commit(tx_id)
+        except Exception as exc:
+            for message in transaction.messages:
+                self.events.emit(EventType.SEND_FAILED, message, reason=repr(exc),
+                                 transaction=tx_id)
+            self.events.emit(EventType.TX_ROLLED_BACK, transaction=tx_id, reason=repr(exc))
+            self.hook.transaction_ended(transaction=tx_id, committed=False, ctx=ctx)
+            raise
+        for message in transaction.messages:
+            self.events.emit(EventType.SENT, message, transaction=tx_id)
+            self.hook.after_send(message=message, ctx=self.context(
+                message.address, adapter.capabilities, role="producer", transaction=tx_id,
+                broker=adapter.broker))
+        self.events.emit(EventType.TX_COMMITTED, transaction=tx_id,
+                         count=len(transaction.messages))
+        self.hook.transaction_ended(transaction=tx_id, committed=True, ctx=ctx)
+
+    def abort(self, adapter: Adapter, transaction: TransactionState,
+              reason: str = "aborted by the application") -> None:
+        address = transaction.messages[0].address if transaction.messages else ""
+        ctx = self.context(address, adapter.capabilities, role="producer",
+                           transaction=transaction.transaction_id, broker=adapter.broker)
+        self._rollback(adapter, transaction, ctx, reason)
+
+    def _rollback(self, adapter: Adapter, transaction: TransactionState, ctx: HookContext,
+                  reason: str) -> None:
+        try:
+            adapter.abort(transaction.transaction_id)
+        finally:
+            self.events.emit(EventType.TX_ROLLED_BACK, transaction=transaction.transaction_id,
+                             reason=reason, count=len(transaction.messages))
+            self.hook.transaction_ended(transaction=transaction.transaction_id,
+                                        committed=False, ctx=ctx)
+
+    # -- deliver path ------------------------------------------------------------------
+
+    def deliver(self, adapter: Adapter, delivery: Delivery, handler: Handler, *,
+                queue: str) -> None:
+        """Run one delivery through the hooks, the handler, and ack/nack/move.
+
+        Called on the adapter's receiver thread. Never raises: every failure ends
+        in an event and a broker-side outcome, because an exception here would
+        kill the receiver and strand the remaining messages.
+        """
+        message = delivery.message
+        if not message.message_id:
+            message.message_id = self._fallback_message_id(delivery, adapter)
+        if message.delivery_count == 0:
+            # Best the broker can tell; the delivery-counting plugin makes it exact.
+            native = delivery.native_delivery_count
+            message.delivery_count = native if native else (2 if delivery.redelivered else 1)
+        ctx = self.context(message.address, adapter.capabilities, role="consumer", queue=queue,
+                           broker=adapter.broker, raw_headers=delivery.raw_headers)
+        try:
+            verdict = self.hook.before_deliver(message=message, ctx=ctx)
+            if verdict is not None and verdict.action is not Action.CONTINUE:
+                self._apply_delivery_verdict(adapter, delivery, ctx, verdict)
+                return
+            self.events.emit(EventType.DELIVERED, message, queue=queue)
+            try:
+                handler(message)
+            except Exception as error:  # noqa: BLE001 - the handler's failure is data
+                self._handler_failed(adapter, delivery, ctx, error)
+                return
+            self.hook.after_deliver(message=message, ctx=ctx, error=None)
+            self._ack(adapter, delivery, ctx, AckReason.NORMAL)
+        except Exception:
+            # A plugin or the broker failed: leave the message unacknowledged so
+            # the broker redelivers it (at-least-once), and say so loudly.
+            log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
+                          message.message_id, queue)
+
+    def _fallback_message_id(self, delivery: Delivery, adapter: Adapter) -> str:
+        # A message not sent through a guard has no mqguard id. Where the broker's
+        # id is stable it is the best stand-in; elsewhere the id is per delivery.
+        broker_id = delivery.message.broker_message_id
+        if broker_id and adapter.capabilities.stable_message_id:
+            return f"broker:{broker_id}"
+        return f"unguarded:{new_message_id()}"
+
+    def _handler_failed(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+                        error: BaseException) -> None:
+        message = delivery.message
+        self.events.emit(EventType.HANDLER_FAILED, message, queue=ctx.queue,
+                         reason=f"{type(error).__name__}: {error}"[:500])
+        self.hook.after_deliver(message=message, ctx=ctx, error=error)
+        verdict = self.hook.on_handler_failure(message=message, ctx=ctx, error=error)
+        if verdict is None:
+            requeue = True
+            adapter.nack(delivery, requeue=requeue)
+            self.events.emit(EventType.NACKED, message, queue=ctx.queue, requeue=requeue)
+            self.hook.message_nacked(message=message, ctx=ctx, requeue=requeue)
+        elif verdict.action is Action.CONTINUE:
+            if verdict.event:
+                self._record_verdict(message, verdict, ctx)
+            self._ack(adapter, delivery, ctx, verdict.ack_reason)
+        else:
+            self._apply_delivery_verdict(adapter, delivery, ctx, verdict)
+
+    def _apply_delivery_verdict(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+                                verdict: Verdict) -> None:
+        message = delivery.message
+        if verdict.action is Action.MOVE and verdict.address:
+            self.move(adapter, message, verdict.address, ctx, verdict.reason)
+            if verdict.event:
+                self.events.emit(verdict.event, message, queue=ctx.queue,
+                                 reason=verdict.reason or None, target=verdict.address)
+        else:
+            event = verdict.event or EventType.DELIVERY_DROPPED
+            self.events.emit(event, message, queue=ctx.queue, reason=verdict.reason or None)
+        self._ack(adapter, delivery, ctx, verdict.ack_reason)
+
+    def _ack(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+             reason: AckReason) -> None:
+        adapter.ack(delivery)
+        message = delivery.message
+        self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=reason.value)
+        self.hook.message_acknowledged(message=message, ctx=ctx, reason=reason)
+
+    def move(self, adapter: Adapter, message: Message, address: str, ctx: HookContext,
+             reason: str) -> Message:
+        """Send a copy of ``message`` to ``address`` with Artemis's ``_AMQ_ORIG_*`` headers.
+
+        The copy is confirmed by the broker before the caller acknowledges the
+        original, so a crash in between yields a duplicate copy, never a loss.
+        """
+        copy = message.copy_for(address, delivery_count=0)
+        copy.headers[ORIG_ADDRESS_HEADER] = message.address
+        copy.headers[ORIG_QUEUE_HEADER] = ctx.queue or message.address
+        copy.headers[ORIG_MESSAGE_ID_HEADER] = message.message_id
+        copy.headers[MOVE_REASON_HEADER] = reason[:500]
+        adapter.send(copy)
+        self.events.emit(EventType.MOVED, message, queue=ctx.queue, target=address,
+                         new_message_id=copy.message_id, reason=reason or None)
+        self.hook.message_moved(original=message, copy=copy, ctx=ctx, reason=reason)
+        return copy

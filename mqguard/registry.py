@@ -1,0 +1,69 @@
+"""Finds adapters by URL scheme and plugins by name.
+
+The core never imports a specific adapter or plugin module directly: it goes
+through these tables (built-ins) and the ``mqguard.adapters`` / ``mqguard``
+entry-point groups (third parties), so both kinds can be replaced or disabled.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any
+from urllib.parse import urlsplit
+
+from mqguard.adapter import Adapter
+from mqguard.errors import ConfigError
+
+#: URL scheme -> "module:factory". Each factory is called as ``factory(url, **options)``.
+BUILTIN_ADAPTERS: dict[str, str] = {
+    "stomp": "mqguard.adapters.stomp:StompAdapter",
+    "stomp+ssl": "mqguard.adapters.stomp:StompAdapter",
+    "mqtt": "mqguard.adapters.mqtt:MqttAdapter",
+    "mqtts": "mqguard.adapters.mqtt:MqttAdapter",
+}
+
+#: Plugin name -> module. Registered in this order; later ones are called first
+#: (pluggy calls hook implementations LIFO), unless they mark tryfirst/trylast.
+BUILTIN_PLUGINS: dict[str, str] = {
+    "logging": "mqguard.plugins.logging",
+}
+
+ADAPTER_ENTRY_POINT_GROUP = "mqguard.adapters"
+PLUGIN_ENTRY_POINT_GROUP = "mqguard"
+
+
+def _load(target: str) -> Any:
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attribute) if attribute else module
+
+
+def adapter_factory(scheme: str) -> Any:
+    if scheme in BUILTIN_ADAPTERS:
+        return _load(BUILTIN_ADAPTERS[scheme])
+    for entry_point in entry_points(group=ADAPTER_ENTRY_POINT_GROUP):
+        if entry_point.name == scheme:
+            return entry_point.load()
+    known = sorted({*BUILTIN_ADAPTERS, *(ep.name for ep in
+                                         entry_points(group=ADAPTER_ENTRY_POINT_GROUP))})
+    raise ConfigError(f"no adapter for URL scheme {scheme!r}; known: {', '.join(known)}")
+
+
+def open_adapter(url: str, **options: Any) -> Adapter:
+    """Create (not connect) the adapter for ``url``, e.g. ``stomp://127.0.0.1:61613``."""
+    scheme = urlsplit(url).scheme
+    if not scheme:
+        raise ConfigError(f"broker URL {redact_url(url)!r} has no scheme (stomp://, mqtt://)")
+    adapter: Adapter = adapter_factory(scheme)(url, **options)
+    return adapter
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``: safe for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo = f"{parts.username or ''}:***@"
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=userinfo + host).geturl()

@@ -1,0 +1,157 @@
+"""Address settings with ActiveMQ Artemis semantics.
+
+Each ``[address-settings."<match>"]`` table in ``mqguard.toml`` applies to the
+addresses its match key fits (see :mod:`mqguard.matching`). For one address the
+matching tables are merged most-specific-first: a value unset in the most
+specific table is inherited from the next one, and so on down to the Artemis
+defaults. Resolution is cached per address, so the hot path pays one dict
+lookup.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, fields
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mqguard.matching import ordered_matches
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class AddressSettingsTable(BaseModel):
+    """One ``[address-settings."<match>"]`` table as written: every value optional."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=_kebab, populate_by_name=True,
+                              frozen=True, strict=True)
+
+    max_delivery_attempts: int | None = Field(None, ge=-1)
+    id_cache_size: int | None = Field(None, ge=0)
+    redelivery_delay: int | None = Field(None, ge=0)
+    redelivery_delay_multiplier: float | None = Field(None, ge=1.0)
+    max_redelivery_delay: int | None = Field(None, ge=0)
+    redelivery_collision_avoidance_factor: float | None = Field(None, ge=0.0, le=1.0)
+    dead_letter_address: str | None = None
+    auto_create_dead_letter_resources: bool | None = None
+    dead_letter_queue_prefix: str | None = None
+    dead_letter_queue_suffix: str | None = None
+    expiry_address: str | None = None
+    auto_create_expiry_resources: bool | None = None
+    expiry_queue_prefix: str | None = None
+    expiry_queue_suffix: str | None = None
+    expiry_delay: int | None = Field(None, ge=-1)
+    min_expiry_delay: int | None = Field(None, ge=-1)
+    max_expiry_delay: int | None = Field(None, ge=-1)
+    no_expiry: bool | None = None
+    auto_create_queues: bool | None = None
+    auto_create_addresses: bool | None = None
+    redistribution_delay: int | None = Field(None, ge=-1)
+    send_to_dla_on_no_route: bool | None = None
+
+    @field_validator("redelivery_delay_multiplier", "redelivery_collision_avoidance_factor",
+                     mode="before")
+    @classmethod
+    def _int_is_a_float(cls, value: Any) -> Any:
+        # TOML writes 2 for 2.0; strict mode would refuse it, which helps nobody.
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("dead_letter_address", "expiry_address")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be blank; omit the key to leave it unset")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class AddressSettings:
+    """Fully resolved settings of one address. Defaults are Artemis's."""
+
+    max_delivery_attempts: int = 10
+    id_cache_size: int = 20000
+    redelivery_delay: int = 0
+    redelivery_delay_multiplier: float = 1.0
+    #: Artemis: when unset, 10 x redelivery-delay.
+    max_redelivery_delay: int = 0
+    redelivery_collision_avoidance_factor: float = 0.0
+    dead_letter_address: str | None = None
+    auto_create_dead_letter_resources: bool = False
+    dead_letter_queue_prefix: str = "DLQ."
+    dead_letter_queue_suffix: str = ""
+    expiry_address: str | None = None
+    auto_create_expiry_resources: bool = False
+    expiry_queue_prefix: str = "EXP."
+    expiry_queue_suffix: str = ""
+    expiry_delay: int = -1
+    min_expiry_delay: int = -1
+    max_expiry_delay: int = -1
+    no_expiry: bool = False
+    auto_create_queues: bool = False
+    auto_create_addresses: bool = False
+    redistribution_delay: int = -1
+    send_to_dla_on_no_route: bool = False
+
+    def dead_letter_queue_for(self, address: str) -> str:
+        """Name of the auto-created dead-letter queue of ``address``."""
+        return f"{self.dead_letter_queue_prefix}{address}{self.dead_letter_queue_suffix}"
+
+    def expiry_queue_for(self, address: str) -> str:
+        """Name of the auto-created expiry queue of ``address``."""
+        return f"{self.expiry_queue_prefix}{address}{self.expiry_queue_suffix}"
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(AddressSettings))
+
+
+def merge_tables(tables: list[AddressSettingsTable], *, global_id_cache_size: int | None = None
+                 ) -> AddressSettings:
+    """Merge tables given most specific first into resolved settings."""
+    values: dict[str, Any] = {}
+    for name in _FIELD_NAMES:
+        for table in tables:
+            value = getattr(table, name)
+            if value is not None:
+                values[name] = value
+                break
+    if "id_cache_size" not in values and global_id_cache_size is not None:
+        values["id_cache_size"] = global_id_cache_size
+    if "max_redelivery_delay" not in values:
+        values["max_redelivery_delay"] = 10 * values.get("redelivery_delay", 0)
+    return AddressSettings(**values)
+
+
+class AddressSettingsRepository:
+    """Resolves the effective :class:`AddressSettings` of an address, with a cache."""
+
+    def __init__(self, tables: dict[str, AddressSettingsTable] | None = None, *,
+                 global_id_cache_size: int | None = None) -> None:
+        self._tables = dict(tables or {})
+        self._global_id_cache_size = global_id_cache_size
+        self._cache: dict[str, AddressSettings] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def match_keys(self) -> list[str]:
+        return list(self._tables)
+
+    def matching_keys(self, address: str) -> list[str]:
+        """Match keys that apply to ``address``, most specific first."""
+        return ordered_matches(list(self._tables), address)
+
+    def resolve(self, address: str) -> AddressSettings:
+        cached = self._cache.get(address)
+        if cached is not None:
+            return cached
+        tables = [self._tables[key] for key in self.matching_keys(address)]
+        resolved = merge_tables(tables, global_id_cache_size=self._global_id_cache_size)
+        with self._lock:
+            # Bound the cache: addresses come from the network (sidecar), and an
+            # unbounded dict would let a client exhaust memory with random names.
+            if len(self._cache) >= 65536:
+                self._cache.clear()
+            self._cache[address] = resolved
+        return resolved

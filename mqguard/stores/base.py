@@ -1,0 +1,130 @@
+"""The one protocol behind all shared state.
+
+Everything the plugins must share between processes, or keep across restarts,
+goes through a :class:`Store`: duplicate-ID rings, delivery counts and
+scheduled redeliveries (more arrive with later features: audit windows,
+consumer presence, the expiry index). :class:`~mqguard.stores.memory.MemoryStore`
+is the embedded default for one process; :class:`~mqguard.stores.redis.RedisStore`
+serves anything shared or restart-proof. ``tests/stores/test_contract.py`` runs
+the same suite against both, so the semantics below are the contract.
+
+Names (``cache``, ``queue``) are opaque strings chosen by the plugins, usually an
+address or queue name. Every key of one name lives in one Redis Cluster hash slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class RingStats:
+    """Capacity and fill of one duplicate-ID ring."""
+
+    name: str
+    capacity: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledItem:
+    """A payload due at ``due_ms`` (epoch ms), e.g. a message awaiting redelivery."""
+
+    item_id: str
+    payload: bytes
+    due_ms: int
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Shared state. Implementations must be safe to call from several threads."""
+
+    # -- duplicate-ID rings (Artemis DuplicateIDCacheImpl) -----------------------
+    #
+    # A ring is a fixed-capacity circular cache of ids (opaque bytes, in practice
+    # fixed-size digests). Adding to a full ring overwrites the oldest slot; ids
+    # leave only by overwrite, resize or clear. Every call that takes ``capacity``
+    # first brings the ring to that capacity: if it shrank, the newest ids are kept
+    # and the oldest deleted (Artemis load()). ``capacity`` must be >= 1.
+
+    def ring_check_and_add(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
+        """Atomically, for each id in order: report whether it is a duplicate (already in
+        the ring, or earlier in ``ids``) and add it when it is not. One flag per id."""
+        ...
+
+    def ring_add_all_or_none(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
+        """Atomically: when no id is a duplicate, add them all; otherwise add none.
+        Returns the duplicate flags (all False means they were added). Used for a
+        transaction's ids at COMMIT."""
+        ...
+
+    def ring_contains(self, name: str, ids: Sequence[bytes]) -> list[bool]:
+        """Membership of each id, without changing anything."""
+        ...
+
+    def ring_ids(self, name: str) -> list[bytes]:
+        """The ids held, oldest first."""
+        ...
+
+    def ring_stats(self, name: str) -> RingStats | None:
+        """Capacity and count, or None when the ring does not exist."""
+        ...
+
+    def ring_names(self) -> list[str]:
+        """Names of every existing ring, sorted."""
+        ...
+
+    def ring_resize(self, name: str, capacity: int) -> int:
+        """Change the capacity, keeping the newest ids; returns how many were deleted."""
+        ...
+
+    def ring_clear(self, name: str) -> bool:
+        """Delete the ring; True when it existed."""
+        ...
+
+    # -- delivery counts -------------------------------------------------------
+
+    def delivery_count_incr(self, queue: str, message_id: str) -> int:
+        """Add one delivery of ``message_id`` on ``queue``; returns the new count."""
+        ...
+
+    def delivery_count_get(self, queue: str, message_id: str) -> int:
+        """Deliveries recorded so far (0 when none)."""
+        ...
+
+    def delivery_count_clear(self, queue: str, message_id: str) -> None:
+        """Forget the count (the message reached a terminal fate)."""
+        ...
+
+    # -- scheduled items (redeliveries) --------------------------------------------
+
+    def schedule_add(self, queue: str, item_id: str, payload: bytes, due_ms: int) -> None:
+        """Schedule (or re-schedule) ``item_id`` for ``due_ms``."""
+        ...
+
+    def schedule_claim_due(self, queue: str, now_ms: int, limit: int,
+                           lease_ms: int) -> list[ScheduledItem]:
+        """Atomically take up to ``limit`` items due at ``now_ms``, oldest due first, and
+        push their due time to ``now_ms + lease_ms``: a claimer that dies before
+        :meth:`schedule_remove` loses nothing, the items fall due again."""
+        ...
+
+    def schedule_remove(self, queue: str, item_id: str) -> bool:
+        """Remove an item (done with it); True when it was there."""
+        ...
+
+    def schedule_count(self, queue: str) -> int:
+        """Items scheduled on ``queue``, due or not."""
+        ...
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise :class:`~mqguard.errors.StoreError` when the store is unreachable."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. Safe to call twice."""
+        ...

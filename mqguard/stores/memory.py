@@ -1,0 +1,184 @@
+"""In-process store: the embedded default, for one process only.
+
+Fast (a dict and a list per ring) and exact, but private to the process and gone
+when it exits: use :class:`~mqguard.stores.redis.RedisStore` for anything shared
+by several producers, consumers or sidecars, or that must survive a restart.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Sequence
+
+from mqguard.stores.base import RingStats, ScheduledItem
+
+
+class _Ring:
+    """Fixed-capacity circular id cache: a slot list plus a membership dict."""
+
+    __slots__ = ("members", "pos", "slots")
+
+    def __init__(self, capacity: int) -> None:
+        self.slots: list[bytes | None] = [None] * capacity
+        # dict (not set) maps id -> slot, so an overwrite can check it owns the id.
+        self.members: dict[bytes, int] = {}
+        self.pos = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self.slots)
+
+    def add(self, item: bytes) -> None:
+        old = self.slots[self.pos]
+        if old is not None:
+            del self.members[old]
+        self.slots[self.pos] = item
+        self.members[item] = self.pos
+        self.pos = (self.pos + 1) % len(self.slots)
+
+    def ordered(self) -> list[bytes]:
+        tail = self.slots[self.pos:] + self.slots[: self.pos]
+        return [item for item in tail if item is not None]
+
+    def resized(self, capacity: int) -> tuple[_Ring, int]:
+        items = self.ordered()
+        keep = items[-capacity:] if capacity < len(items) else items
+        ring = _Ring(capacity)
+        for item in keep:
+            ring.add(item)
+        return ring, len(items) - len(keep)
+
+
+def _check_capacity(capacity: int) -> None:
+    if capacity < 1:
+        raise ValueError(f"ring capacity must be >= 1, got {capacity}")
+
+
+class MemoryStore:
+    """:class:`~mqguard.stores.base.Store` kept in this process's memory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rings: dict[str, _Ring] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._scheduled: dict[str, dict[str, ScheduledItem]] = {}
+
+    # -- rings -------------------------------------------------------------------
+
+    def _ring(self, name: str, capacity: int) -> _Ring:
+        _check_capacity(capacity)
+        ring = self._rings.get(name)
+        if ring is None:
+            ring = self._rings[name] = _Ring(capacity)
+        elif ring.capacity != capacity:
+            ring = self._rings[name] = ring.resized(capacity)[0]
+        return ring
+
+    def ring_check_and_add(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
+        with self._lock:
+            ring = self._ring(name, capacity)
+            members = ring.members
+            out: list[bool] = []
+            for item in ids:
+                if item in members:
+                    out.append(True)
+                else:
+                    ring.add(item)
+                    out.append(False)
+            return out
+
+    def ring_add_all_or_none(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
+        with self._lock:
+            ring = self._ring(name, capacity)
+            seen: set[bytes] = set()
+            flags: list[bool] = []
+            for item in ids:
+                flags.append(item in ring.members or item in seen)
+                seen.add(item)
+            if not any(flags):
+                for item in ids:
+                    ring.add(item)
+            return flags
+
+    def ring_contains(self, name: str, ids: Sequence[bytes]) -> list[bool]:
+        with self._lock:
+            ring = self._rings.get(name)
+            if ring is None:
+                return [False] * len(ids)
+            return [item in ring.members for item in ids]
+
+    def ring_ids(self, name: str) -> list[bytes]:
+        with self._lock:
+            ring = self._rings.get(name)
+            return ring.ordered() if ring else []
+
+    def ring_stats(self, name: str) -> RingStats | None:
+        with self._lock:
+            ring = self._rings.get(name)
+            return RingStats(name, ring.capacity, len(ring.members)) if ring else None
+
+    def ring_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._rings)
+
+    def ring_resize(self, name: str, capacity: int) -> int:
+        _check_capacity(capacity)
+        with self._lock:
+            ring = self._rings.get(name)
+            if ring is None:
+                self._rings[name] = _Ring(capacity)
+                return 0
+            self._rings[name], deleted = ring.resized(capacity)
+            return deleted
+
+    def ring_clear(self, name: str) -> bool:
+        with self._lock:
+            return self._rings.pop(name, None) is not None
+
+    # -- delivery counts -------------------------------------------------------
+
+    def delivery_count_incr(self, queue: str, message_id: str) -> int:
+        key = (queue, message_id)
+        with self._lock:
+            count = self._counts.get(key, 0) + 1
+            self._counts[key] = count
+            return count
+
+    def delivery_count_get(self, queue: str, message_id: str) -> int:
+        return self._counts.get((queue, message_id), 0)
+
+    def delivery_count_clear(self, queue: str, message_id: str) -> None:
+        with self._lock:
+            self._counts.pop((queue, message_id), None)
+
+    # -- scheduled items ---------------------------------------------------------
+
+    def schedule_add(self, queue: str, item_id: str, payload: bytes, due_ms: int) -> None:
+        with self._lock:
+            self._scheduled.setdefault(queue, {})[item_id] = ScheduledItem(item_id, payload, due_ms)
+
+    def schedule_claim_due(self, queue: str, now_ms: int, limit: int,
+                           lease_ms: int) -> list[ScheduledItem]:
+        with self._lock:
+            items = self._scheduled.get(queue, {})
+            due = [item for item in items.values() if item.due_ms <= now_ms]
+            claimed = heapq.nsmallest(limit, due, key=lambda i: (i.due_ms, i.item_id))
+            for item in claimed:
+                items[item.item_id] = ScheduledItem(item.item_id, item.payload, now_ms + lease_ms)
+            return claimed
+
+    def schedule_remove(self, queue: str, item_id: str) -> bool:
+        with self._lock:
+            return self._scheduled.get(queue, {}).pop(item_id, None) is not None
+
+    def schedule_count(self, queue: str) -> int:
+        return len(self._scheduled.get(queue, {}))
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def ping(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
