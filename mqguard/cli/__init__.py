@@ -1,0 +1,30 @@
+"""The ``mqguard`` command line. Each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from mqguard import __version__
+from mqguard.cli.bench import bench
+from mqguard.cli.config_cmd import config
+from mqguard.cli.demo import demo
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="mqguard")
+@click.option("-v", "--verbose", count=True, help="More log output (-v INFO, -vv DEBUG).")
+def main(verbose: int) -> None:
+    """mqguard: Artemis-grade delivery guarantees for existing STOMP and MQTT brokers.
+
+    Duplicate-ID rejection, delivery counting with dead-letter routing, message
+    expiry and redistribution, as plugins around your existing broker.
+    """
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+main.add_command(demo)
+main.add_command(bench)
+main.add_command(config)

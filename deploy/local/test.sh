@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: sets up a fresh machine, then lints and runs the whole suite
+# against real servers that the pytest fixtures start on free loopback ports.
+# Extra arguments go to pytest (e.g. -k redis, -m "not rabbitmq").
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$repo_root"
+python="${PYTHON:-python3}"
+bash deploy/local/setup.sh
+"$python" -m ruff check .
+status=0
+"$python" -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure, not a pass" >&2
+    exit 1
+fi
+exit "$status"

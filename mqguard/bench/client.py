@@ -1,0 +1,140 @@
+"""``mqguard bench client``: raw client vs guarded producer/consumer, same run.
+
+For each broker and store, and each direction, the raw client (stomp.py or
+paho-mqtt) and the guarded path do the same work — confirmed sends in
+pipelined batches, individually acknowledged receives — in alternating rounds;
+the median of each side gives ``ratio = guarded_per_s / raw_per_s``. Every
+built-in plugin that is enabled by default runs on the guarded side, and the
+event log writes to a temporary directory, because that is what users pay for.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mqguard.adapter import SubscribeOptions
+from mqguard.bench import raw
+from mqguard.bench.report import median
+from mqguard.config import MqguardConfig
+from mqguard.consumer import GuardedConsumer
+from mqguard.message import Message, new_message_id
+from mqguard.pipeline import Guard
+from mqguard.producer import GuardedProducer
+from mqguard.registry import open_adapter
+
+PROTOCOL = {"activemq": "stomp", "rabbitmq": "stomp", "mosquitto": "mqtt"}
+
+
+@dataclass
+class ClientCase:
+    broker: str
+    store: str
+    direction: str
+    messages: int
+    raw_per_s: float
+    guarded_per_s: float
+    ratio: float
+    raw_runs: list[float]
+    guarded_runs: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@contextmanager
+def bench_guard(store_url: str) -> Iterator[Guard]:
+    with tempfile.TemporaryDirectory(prefix="mqguard-bench-events-") as events_dir:
+        config = MqguardConfig().with_overrides(store=store_url)
+        config = config.with_overrides(
+            event_log=config.core.event_log.model_copy(update={"directory": events_dir}))
+        with Guard(config, role="app") as guard:
+            yield guard
+
+
+def _bodies(count: int, size: int) -> list[bytes]:
+    return [(b"%08d" % i).ljust(size, b"x") for i in range(count)]
+
+
+def _guarded_produce(url: str, guard: Guard, address: str, bodies: list[bytes],
+                     batch: int) -> float:
+    with GuardedProducer(open_adapter(url), guard) as producer:
+        started = time.perf_counter()
+        for start in range(0, len(bodies), batch):
+            producer.send_batch([producer.message(address, body)
+                                 for body in bodies[start:start + batch]])
+        return time.perf_counter() - started
+
+
+def _guarded_consume(url: str, guard: Guard, address: str, count: int, prefetch: int,
+                     adapter_options: dict[str, Any], timeout: float = 120.0) -> float:
+    done = threading.Event()
+    seen = 0
+
+    def handler(message: Message) -> None:
+        nonlocal seen
+        seen += 1
+        if seen >= count:
+            done.set()
+
+    consumer = GuardedConsumer(open_adapter(url, **adapter_options), address, handler, guard,
+                               options=SubscribeOptions(prefetch=prefetch))
+    started = time.perf_counter()
+    with consumer:
+        if not done.wait(timeout):
+            raise TimeoutError(f"guarded consumer got {seen} of {count}")
+        return time.perf_counter() - started
+
+
+def _preload(protocol: str, url: str, address: str, bodies: list[bytes], batch: int) -> None:
+    if protocol == "stomp":
+        raw.stomp_produce(url, address, bodies, batch)
+    else:
+        raw.mqtt_produce(url, address, bodies, batch)
+
+
+def run_case(broker: str, url: str, store_name: str, store_url: str, direction: str,
+             messages: int, size: int, batch: int, prefetch: int, rounds: int) -> ClientCase:
+    protocol = PROTOCOL[broker]
+    bodies = _bodies(messages, size)
+    raw_runs: list[float] = []
+    guarded_runs: list[float] = []
+    with bench_guard(store_url) as guard:
+        for round_number in range(rounds):
+            # Alternate which side goes first so warm-up and drift favour neither.
+            order = ("raw", "guarded") if round_number % 2 == 0 else ("guarded", "raw")
+            for side in order:
+                address = f"mqguard.bench.{direction}.{new_message_id()[:10]}"
+                seconds = _run_side(protocol, side, direction, url, guard, address, bodies,
+                                    batch, prefetch)
+                (raw_runs if side == "raw" else guarded_runs).append(messages / seconds)
+    raw_rate, guarded_rate = median(raw_runs), median(guarded_runs)
+    return ClientCase(broker, store_name, direction, messages, raw_rate, guarded_rate,
+                      guarded_rate / raw_rate if raw_rate else 0.0, raw_runs, guarded_runs)
+
+
+def _run_side(protocol: str, side: str, direction: str, url: str, guard: Guard, address: str,
+              bodies: list[bytes], batch: int, prefetch: int) -> float:
+    if direction == "produce":
+        if side == "guarded":
+            return _guarded_produce(url, guard, address, bodies, batch)
+        if protocol == "stomp":
+            return raw.stomp_produce(url, address, bodies, batch)
+        return raw.mqtt_produce(url, address, bodies, batch)
+    # consume: queue the messages first (untimed), then time draining them.
+    client_id = f"bench-{new_message_id()[:12]}"
+    if protocol == "mqtt":
+        # MQTT has no queues: a persistent session subscribed beforehand holds them.
+        raw.mqtt_subscribe_session(url, address, client_id)
+    _preload(protocol, url, address, bodies, batch)
+    if side == "guarded":
+        options: dict[str, Any] = {"client_id": client_id} if protocol == "mqtt" else {}
+        return _guarded_consume(url, guard, address, len(bodies), prefetch, options)
+    if protocol == "stomp":
+        return raw.stomp_consume(url, address, len(bodies), prefetch)
+    return raw.mqtt_consume(url, address, len(bodies), client_id)

@@ -1,0 +1,5 @@
+"""``python -m mqguard.cli`` runs the ``mqguard`` command."""
+
+from mqguard.cli import main
+
+main()

@@ -1,0 +1,43 @@
+"""``mqguard config``: check a configuration file and show effective settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from mqguard.config import load_config
+from mqguard.errors import ConfigError
+
+
+@click.group()
+def config() -> None:
+    """Validate mqguard.toml and show what applies to an address."""
+
+
+@config.command("check")
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+def check(path: str | None) -> None:
+    """Validate PATH (default ./mqguard.toml); exit 2 with every error named."""
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{cfg.source}: OK ({len(cfg.address_settings)} address-settings entries)")
+
+
+@config.command("show")
+@click.argument("address")
+@click.option("-c", "--config", "path", type=click.Path(dir_okay=False),
+              help="Configuration file (default ./mqguard.toml).")
+def show(address: str, path: str | None) -> None:
+    """Print the effective settings of ADDRESS as JSON, with the match keys that apply."""
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    repo = cfg.address_settings_repository()
+    out = {"address": address, "matched": repo.matching_keys(address),
+           "settings": dataclasses.asdict(repo.resolve(address))}
+    click.echo(json.dumps(out, indent=2))
