@@ -37,5 +37,5 @@ class StoreError(MqguardError):
     """The store failed (Redis unreachable, script error...)."""
 
 
-class Nack(MqguardError):  # noqa: N818 - reads as the verb it is
+class Nack(MqguardError):
     """Raise from a consumer handler to refuse a message without it being a crash."""

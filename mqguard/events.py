@@ -180,7 +180,7 @@ class EventLog:
             self._wakeup.clear()
             try:
                 self.flush()
-            except Exception:  # noqa: BLE001 - keep the writer alive; close() retries
+            except Exception:
                 time.sleep(self._interval)
 
     # -- rotation ---------------------------------------------------------------------
@@ -233,7 +233,7 @@ class EventLog:
 class NullEventLog(EventLog):
     """An event log that writes nothing (``[mqguard.event-log] enabled = false``)."""
 
-    def __init__(self, node_id: str = "null") -> None:  # noqa: D107 - no file, no thread
+    def __init__(self, node_id: str = "null") -> None:
         self.node_id = node_id
         self.emitted = 0
 

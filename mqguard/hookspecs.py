@@ -98,7 +98,7 @@ def on_send_exception(message: Message, ctx: HookContext, exception: BaseExcepti
 @hookspec(firstresult=True)
 def transaction_committing(transaction: str, messages: list[Message],
                            ctx: HookContext) -> Verdict | None:
-    """A transaction is about to commit with ``messages``; return ``Verdict.reject`` to roll it back.
+    """A transaction is about to commit ``messages``; ``Verdict.reject`` rolls it back.
 
     Used for work that must happen atomically with COMMIT, such as making a
     transaction's duplicate ids visible (Artemis adds them to the cache on commit).

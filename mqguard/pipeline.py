@@ -310,7 +310,7 @@ class Guard:
             self.events.emit(EventType.DELIVERED, message, queue=queue)
             try:
                 handler(message)
-            except Exception as error:  # noqa: BLE001 - the handler's failure is data
+            except Exception as error:
                 self._handler_failed(adapter, delivery, ctx, error)
                 return
             self.hook.after_deliver(message=message, ctx=ctx, error=None)

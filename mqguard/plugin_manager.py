@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import entry_points
 
 import pluggy
@@ -10,7 +9,7 @@ import pluggy
 from mqguard import hookspecs
 from mqguard.config import MqguardConfig
 from mqguard.errors import ConfigError
-from mqguard.registry import BUILTIN_PLUGINS, PLUGIN_ENTRY_POINT_GROUP
+from mqguard.registry import BUILTIN_PLUGINS, PLUGIN_ENTRY_POINT_GROUP, load_target
 
 
 def make_plugin_manager(config: MqguardConfig) -> pluggy.PluginManager:
@@ -32,9 +31,11 @@ def make_plugin_manager(config: MqguardConfig) -> pluggy.PluginManager:
             f"{', '.join(sorted(unknown))}; known plugins: {known}")
     for name in sorted(disabled):
         manager.set_blocked(name)
-    for name, module_name in BUILTIN_PLUGINS.items():
+    for name, target in BUILTIN_PLUGINS.items():
         if name not in disabled:
-            manager.register(importlib.import_module(module_name), name=name)
+            plugin = load_target(target)
+            # A class holds per-guard state: each plugin manager gets its own instance.
+            manager.register(plugin() if isinstance(plugin, type) else plugin, name=name)
     manager.load_setuptools_entrypoints(PLUGIN_ENTRY_POINT_GROUP)
     manager.hook.configure.call_historic(kwargs={"config": config})
     return manager

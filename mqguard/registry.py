@@ -23,17 +23,19 @@ BUILTIN_ADAPTERS: dict[str, str] = {
     "mqtts": "mqguard.adapters.mqtt:MqttAdapter",
 }
 
-#: Plugin name -> module. Registered in this order; later ones are called first
-#: (pluggy calls hook implementations LIFO), unless they mark tryfirst/trylast.
+#: Plugin name -> module, or "module:Class" (instantiated once per guard).
+#: Registered in this order; later ones are called first (pluggy calls hook
+#: implementations LIFO), unless they mark tryfirst/trylast.
 BUILTIN_PLUGINS: dict[str, str] = {
     "logging": "mqguard.plugins.logging",
+    "duplicate_detection": "mqguard.plugins.duplicate_detection:DuplicateDetectionPlugin",
 }
 
 ADAPTER_ENTRY_POINT_GROUP = "mqguard.adapters"
 PLUGIN_ENTRY_POINT_GROUP = "mqguard"
 
 
-def _load(target: str) -> Any:
+def load_target(target: str) -> Any:
     module_name, _, attribute = target.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, attribute) if attribute else module
@@ -41,7 +43,7 @@ def _load(target: str) -> Any:
 
 def adapter_factory(scheme: str) -> Any:
     if scheme in BUILTIN_ADAPTERS:
-        return _load(BUILTIN_ADAPTERS[scheme])
+        return load_target(BUILTIN_ADAPTERS[scheme])
     for entry_point in entry_points(group=ADAPTER_ENTRY_POINT_GROUP):
         if entry_point.name == scheme:
             return entry_point.load()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from mqguard import hookimpl
+from mqguard.consumer import GuardedConsumer
 from mqguard.context import HookContext
 from mqguard.errors import MessageRejected, Nack, TransactionRolledBack
 from mqguard.events import read_events
 from mqguard.message import ORIG_ADDRESS_HEADER, ORIG_MESSAGE_ID_HEADER, Message
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
-from mqguard.consumer import GuardedConsumer
 from mqguard.testing.loopback import LoopbackAdapter
 from mqguard.verdict import AckReason, Verdict
 

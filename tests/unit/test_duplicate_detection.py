@@ -1,0 +1,187 @@
+"""Duplicate detection semantics (pure logic, MemoryStore + loopback broker).
+
+The same semantics against real Redis and real brokers are in
+tests/integration/test_duplicate_detection.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from mqguard.config import parse_config
+from mqguard.digest import id_digest
+from mqguard.errors import ConfigError, TransactionRolledBack
+from mqguard.events import read_events
+from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER
+from mqguard.pipeline import Guard
+from mqguard.producer import GuardedProducer
+from mqguard.testing.loopback import LoopbackAdapter
+
+
+def make_guard(tmp_path: Path, **extra: object) -> Guard:
+    data: dict = {"mqguard": {"event-log": {"directory": str(tmp_path / "ev")}},
+                  "address-settings": {"small": {"id-cache-size": 3},
+                                       "off.#": {"id-cache-size": 0}}}
+    data.update(extra)
+    return Guard(parse_config(data))
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    guard = make_guard(tmp_path)
+    adapter = LoopbackAdapter()
+    yield guard, adapter, GuardedProducer(adapter, guard)
+    guard.close()
+
+
+def kinds(guard: Guard) -> list[str]:
+    guard.events.flush()
+    return [e["type"] for e in read_events(guard.events.directory)]
+
+
+def test_duplicate_is_not_routed_but_send_succeeds(setup, caplog) -> None:
+    guard, adapter, producer = setup
+    caplog.set_level(logging.WARNING)
+    assert producer.send("q", b"1", duplicate_id="A").sent
+    result = producer.send("q", b"2", duplicate_id="A")  # no exception: Artemis behaviour
+    assert not result.sent
+    assert [m.body for m in adapter.loop.drain("q")] == [b"1"]
+    assert kinds(guard) == ["sent", "duplicate_rejected"]
+    event = list(read_events(guard.events.directory))[-1]
+    assert (event["address"], event["duplicate_id"]) == ("q", "A")
+    assert "Duplicate message detected" in caplog.text
+
+
+def test_caches_are_per_address(setup) -> None:
+    _, adapter, producer = setup
+    assert producer.send("q1", b"", duplicate_id="A").sent
+    assert producer.send("q2", b"", duplicate_id="A").sent
+
+
+def test_ring_overwrites_oldest_at_id_cache_size(setup) -> None:
+    _, _, producer = setup
+    for dup in "abcd":  # capacity 3: 'd' overwrites 'a'
+        assert producer.send("small", b"", duplicate_id=dup).sent
+    assert producer.send("small", b"", duplicate_id="a").sent  # left the ring
+    assert not producer.send("small", b"", duplicate_id="d").sent
+
+
+def test_id_cache_size_zero_disables(setup) -> None:
+    guard, _, producer = setup
+    assert producer.send("off.x", b"", duplicate_id="A").sent
+    assert producer.send("off.x", b"", duplicate_id="A").sent
+    assert guard.store.ring_stats("off.x") is None
+
+
+def test_acknowledging_does_not_remove_the_id(setup) -> None:
+    guard, adapter, producer = setup
+    producer.send("q", b"", duplicate_id="A")
+    from mqguard.consumer import GuardedConsumer
+
+    with GuardedConsumer(adapter, "q", lambda m: None, guard):
+        assert adapter.pump() == 1
+    assert not producer.send("q", b"", duplicate_id="A").sent
+
+
+def test_transaction_ids_visible_only_at_commit(setup) -> None:
+    guard, adapter, producer = setup
+    with producer.transaction() as tx:
+        producer.send("q", b"t", duplicate_id="T", transaction=tx)
+        assert guard.store.ring_contains("q", [id_digest("T")]) == [False]
+    assert guard.store.ring_contains("q", [id_digest("T")]) == [True]
+    assert not producer.send("q", b"again", duplicate_id="T").sent
+
+
+def test_duplicate_inside_transaction_rolls_back_everything(setup) -> None:
+    guard, adapter, producer = setup
+    producer.send("q", b"first", duplicate_id="A")
+    adapter.loop.drain("q")
+    with pytest.raises(TransactionRolledBack, match="DUPLICATE_ID_REJECTED"):
+        with producer.transaction() as tx:
+            producer.send("q", b"new", duplicate_id="B", transaction=tx)
+            producer.send("q", b"dup", duplicate_id="A", transaction=tx)
+    assert adapter.loop.depth("q") == 0
+    assert guard.store.ring_contains("q", [id_digest("B")]) == [False]  # nothing added
+
+
+def test_same_id_twice_in_one_transaction(setup) -> None:
+    _, adapter, producer = setup
+    with pytest.raises(TransactionRolledBack), producer.transaction() as tx:
+        producer.send("q", b"1", duplicate_id="X", transaction=tx)
+        producer.send("q", b"2", duplicate_id="X", transaction=tx)
+    assert adapter.loop.depth("q") == 0
+
+
+def test_abort_adds_nothing(setup) -> None:
+    guard, adapter, producer = setup
+    with pytest.raises(ValueError), producer.transaction() as tx:
+        producer.send("q", b"1", duplicate_id="Z", transaction=tx)
+        raise ValueError("abort")
+    assert guard.store.ring_stats("q") is None or guard.store.ring_ids("q") == []
+    assert producer.send("q", b"", duplicate_id="Z").sent
+
+
+def test_concurrent_commit_of_same_id_fails_the_second(setup) -> None:
+    guard, adapter, producer = setup
+    other = GuardedProducer(adapter, guard)
+    with pytest.raises(TransactionRolledBack, match="another producer"):
+        with producer.transaction() as tx:
+            producer.send("q", b"mine", duplicate_id="R", transaction=tx)
+            assert other.send("q", b"theirs", duplicate_id="R").sent  # not yet visible
+    assert [m.body for m in adapter.loop.drain("q")] == [b"theirs"]
+
+
+def test_bridge_duplicate_checked_first_in_its_own_cache(setup) -> None:
+    guard, adapter, producer = setup
+    bridge = {BRIDGE_DUPLICATE_ID_HEADER: "b1"}
+    assert producer.send("q", b"1", headers=bridge, duplicate_id="A").sent
+    # Same bridge id: duplicate, whatever _AMQ_DUPL_ID says.
+    assert not producer.send("q", b"2", headers=bridge, duplicate_id="other").sent
+    # _AMQ_DUPL_ID was not checked (nor cached) while the bridge header was present.
+    assert guard.store.ring_stats("q") is None
+    assert guard.store.ring_ids("BRIDGE.q") == [id_digest("b1")]
+    assert producer.send("q", b"3", duplicate_id="A").sent
+
+
+def test_extra_header_names(tmp_path: Path) -> None:
+    guard = make_guard(tmp_path, plugins={"duplicate_detection": {"headers": ["x-dedup"]}})
+    producer = GuardedProducer(LoopbackAdapter(), guard)
+    assert producer.send("q", b"", headers={"x-dedup": "1"}).sent
+    assert not producer.send("q", b"", headers={"x-dedup": "1"}).sent
+    guard.close()
+
+
+def test_bad_plugin_config_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"plugins\.duplicate_detection\.headers"):
+        make_guard(tmp_path, plugins={"duplicate_detection": {"headers": "x"}})
+    with pytest.raises(ConfigError, match="unknown key"):
+        make_guard(tmp_path, plugins={"duplicate_detection": {"header": ["x"]}})
+
+
+def test_overlong_duplicate_id_is_rejected(setup) -> None:
+    from mqguard.errors import MessageRejected
+
+    _, _, producer = setup
+    with pytest.raises(MessageRejected, match="limit"):
+        producer.send("q", b"", duplicate_id="x" * 5000)
+
+
+def test_shrinking_id_cache_size_keeps_newest(tmp_path: Path) -> None:
+    adapter = LoopbackAdapter()
+    big = make_guard(tmp_path, **{"address-settings": {"r": {"id-cache-size": 5}}})
+    producer = GuardedProducer(adapter, big)
+    for dup in "abcde":
+        producer.send("r", b"", duplicate_id=dup)
+    store = big.store
+    small_cfg = parse_config({"mqguard": {"event-log": {"enabled": False}},
+                              "address-settings": {"r": {"id-cache-size": 2}}})
+    small = Guard(small_cfg, store=store)
+    small_producer = GuardedProducer(adapter, small)
+    assert not small_producer.send("r", b"", duplicate_id="e").sent  # newest kept
+    assert store.ring_ids("r") == [id_digest("d"), id_digest("e")]
+    assert small_producer.send("r", b"", duplicate_id="a").sent  # oldest dropped
+    big.close()
+    small.close()
