@@ -9,6 +9,7 @@ import click
 from mqguard import __version__
 from mqguard.cli.bench import bench
 from mqguard.cli.config_cmd import config
+from mqguard.cli.dedup import dedup
 from mqguard.cli.demo import demo
 
 
@@ -28,3 +29,4 @@ def main(verbose: int) -> None:
 main.add_command(demo)
 main.add_command(bench)
 main.add_command(config)
+main.add_command(dedup)
