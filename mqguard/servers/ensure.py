@@ -40,7 +40,7 @@ def server_urls(kinds: Iterable[str], given: Mapping[str, str | None] | None = N
                 for kind, future in futures.items():
                     try:
                         handle = future.result()
-                    except BaseException as exc:  # noqa: BLE001 - report all, stop the rest
+                    except BaseException as exc:  # report all failures, stop the rest
                         errors.append(exc)
                         continue
                     handles.append(handle)
