@@ -73,3 +73,32 @@ def client(brokers: tuple[str, ...], stores: tuple[str, ...], activemq_url: str 
                                           "prefetch": prefetch, "rounds": rounds},
                            "goals": {"ratio_redis": 0.9, "ratio_memory": 0.95},
                            "cases": cases})
+
+
+@bench.command("dedup")
+@click.option("--redis", "redis_url", help="Redis URL (standalone); default: start a local one.")
+@click.option("--ids", type=click.IntRange(1000, 10_000_000), default=200_000, show_default=True,
+              help="Ids checked-and-added per throughput figure.")
+@click.option("--batch", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="Ids per script call on the batched path.")
+@click.option("--capacity", type=click.IntRange(1, 10_000_000), default=20000,
+              show_default=True, help="Ring capacity (id-cache-size) for the throughput runs.")
+@click.option("--memory-ids", type=click.IntRange(1000, 10_000_000), default=1_000_000,
+              show_default=True, help="Ids cached for the bytes-per-id figure.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write the results as JSON to this file.")
+def dedup(redis_url: str | None, ids: int, batch: int, capacity: int, memory_ids: int,
+          json_path: str | None) -> None:
+    """Duplicate-ID cache: batched Redis check-and-add vs redis-benchmark, memory per id."""
+    from mqguard.bench.dedup import run
+
+    with server_urls(["redis"], {"redis": redis_url}) as urls:
+        result = run(urls["redis"], ids=ids, batch=batch, capacity=capacity,
+                     memory_ids=memory_ids)
+    goals = result["goals"]
+    rows = [{"figure": key, "value": value, "goal": goals.get(key, "")}
+            for key, value in result.items() if key != "goals"]
+    print_table("mqguard bench dedup", rows, ["figure", "value", "goal"])
+    write_json(json_path, {"benchmark": "dedup", "environment": environment(),
+                           "parameters": {"ids": ids, "batch": batch, "capacity": capacity,
+                                          "memory_ids": memory_ids}, **result})
