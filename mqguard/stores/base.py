@@ -10,6 +10,13 @@ the same suite against both, so the semantics below are the contract.
 
 Names (``cache``, ``queue``) are opaque strings chosen by the plugins, usually an
 address or queue name. Every key of one name lives in one Redis Cluster hash slot.
+
+Failure semantics: a :class:`~mqguard.errors.StoreError` from a call that changes
+state (``ring_check_and_add``, ``ring_add_all_or_none``, ``delivery_count_incr``,
+``schedule_claim_due``) means the change may or may not have been applied; callers
+must treat the outcome as unknown (the pipeline leaves the message unacknowledged,
+so the broker redelivers it). Every process sharing a store must agree on a
+ring's capacity (``id-cache-size``): a call with another capacity resizes the ring.
 """
 
 from __future__ import annotations

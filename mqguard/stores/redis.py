@@ -1,0 +1,804 @@
+"""Redis-backed store: shared by every process, and restart-proof with AOF or RDB.
+
+:class:`RedisStore` implements :class:`~mqguard.stores.base.Store` with exactly the semantics of
+:class:`~mqguard.stores.memory.MemoryStore`, against a standalone Redis (``redis://``,
+``rediss://``, ``unix://``) or a Redis Cluster (``redis+cluster://host:port[,host:port...]``,
+``rediss+cluster://...``).
+
+Key layout
+----------
+Every key of one name (ring name or queue) carries the same hash tag, so they all sit in one
+Cluster slot and one Lua script may touch them all. The tag is the name percent-encoded
+(UTF-8, :func:`urllib.parse.quote`): ``%``, ``{``, ``}``, space, ``"``, the glob characters
+``*?[]\\``, control and non-ASCII characters are escaped, so a tag never contains ``}`` and a
+readable name stays readable. The empty name, whose tag would be empty (and Redis would then
+hash the whole key), is encoded as the lone ``%``, which quoting never produces. With the
+default namespace ``mqg`` and ``T`` the tag:
+
+==========================  =======  ========================================================
+key                         type     content
+==========================  =======  ========================================================
+``mqg:{T}:ring``            hash     ring metadata: ``cap`` (capacity), ``shards`` (count)
+``mqg:{T}:ring:ids``        list     the ids, oldest first (a FIFO: push newest, pop oldest)
+``mqg:{T}:ring:m:<i>``      hash     membership shard ``i``: field = id, value ``1``
+``mqg:{T}:deliveries``      hash     delivery counts: field = message id, value = count
+``mqg:{T}:sched:due``       zset     scheduled item id -> due time (epoch ms)
+``mqg:{T}:sched:data``      hash     scheduled item id -> payload
+==========================  =======  ========================================================
+
+Why this ring layout: a ring must cost <= 64 bytes of ``used_memory`` per id at a million ids.
+Measured on Redis 7.0 (default config), a plain SET of 8-byte digests alone costs ~56 bytes per
+member (dict entry, sds, bucket), and a circular STRING buffer another 8-17, so SET + STRING
+misses the budget. Instead membership is split over small hashes, which Redis keeps in its
+compact listpack encoding while they hold at most ``hash-max-listpack-entries`` (128 by
+default) fields: ~12 bytes per id plus the key overhead shared by the shard's ids. The shard
+count is the smallest power of two with at most 64 ids per shard at full capacity, so a full
+shard holds 32-64 ids on average and, ids being uniform digests, practically never reaches 128.
+The order lives in a LIST, itself a quicklist of listpacks (~10 bytes per 8-byte id).
+Measured: ~25 bytes per id, for one ring of 1,000,000 as for 50 rings of 20,000. A ring whose
+FIFO is full pops its oldest id when it pushes a new one, which is exactly the
+overwrite-the-oldest-slot behaviour of the Artemis circular cache, and it accepts ids of any
+length (a shard holding ids longer than ``hash-max-listpack-value`` = 64 bytes just falls back
+to a bigger hashtable encoding).
+
+An id's shard is its first four bytes (big endian) modulo the shard count when it is an 8-byte
+digest (uniform already), otherwise the first 32 bits of its SHA-1. A capacity change that
+crosses a power of two changes the shard count and rebuilds the shards from the list, in the
+same script: O(ring size), about 3-4 s per million ids during which that Redis serves
+nothing else, so resizing a huge ring is an operator action, not something to do per message.
+
+Atomicity: every multi-step update is one Lua script (EVALSHA through redis-py's ``Script``,
+which loads it again after a NOSCRIPT). Scripts receive the ring's meta and list keys and
+derive the shard keys from them; derived keys share the tag, so they are legal on Cluster.
+``ring_check_and_add`` and ``ring_add_all_or_none`` take the whole batch in one call.
+
+Failures: every redis-py error becomes :class:`~mqguard.errors.StoreError`, whose message names
+the store by its URL with the credentials masked. Connection errors (including a Redis that is
+still loading its AOF after a restart) are retried with jittered exponential backoff for up to
+``retry_timeout`` seconds, so a short Redis restart delays calls instead of failing them. A
+*timeout* is retried only by operations that are idempotent: a script that ran but whose reply
+timed out would, when run again, flag its own ids as duplicates. (The same would happen if a
+connection died between Redis running a script and the reply reaching us; that window is tiny,
+and a graceful Redis shutdown replies before it closes connections.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar, cast
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterDownError,
+    ConnectionError,
+    ExternalAuthProviderError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    SlotNotCoveredError,
+    TimeoutError,
+    TryAgainError,
+)
+from redis.retry import Retry
+
+from mqguard.errors import StoreError
+from mqguard.stores.base import RingStats, ScheduledItem
+
+__all__ = ["DEFAULT_NAMESPACE", "RedisStore", "key_tag", "mask_url"]
+
+_T = TypeVar("_T")
+
+DEFAULT_NAMESPACE: Final = "mqg"
+
+#: Most ids per membership shard on average at full capacity. Half of Redis' default
+#: ``hash-max-listpack-entries`` (128): a shard's fill is ~Poisson(<=64), which exceeds 128 with
+#: probability ~1e-12, so shards stay listpack-encoded for the life of the ring (Redis never
+#: converts a hash back to listpack once it has grown into a hashtable).
+IDS_PER_SHARD: Final = 64
+
+# Printable ASCII that may stay as is in a hash tag. Left out (so percent-encoded): '%' (the
+# escape), '{' and '}' (tag delimiters), space and '"' (awkward in redis-cli), and the glob
+# characters '*?[]\\' (so SCAN MATCH patterns built from a tag match literally).
+_TAG_SAFE: Final = "!#$&'()+,-./:;<=>@^_`|~"
+_EMPTY_TAG: Final = "%"
+
+# Defaults for redis-py connections; keyword arguments and URL query parameters override them.
+_CLIENT_DEFAULTS: Final[dict[str, Any]] = {
+    # Long enough for the slowest script (rebuilding the shards of a million-id ring, ~3 s),
+    # short enough that a hung server surfaces as a StoreError rather than a stuck broker.
+    "socket_timeout": 10.0,
+    "socket_connect_timeout": 2.0,
+    "socket_keepalive": True,
+    # PING a pooled connection idle for this long before reusing it, so a connection killed by
+    # a Redis restart is detected before it carries a command.
+    "health_check_interval": 15,
+    "client_name": "mqguard",
+}
+
+_BACKOFF_BASE: Final = 0.05
+_BACKOFF_CAP: Final = 1.0
+_SCAN_COUNT: Final = 1000
+
+# Errors after which the command did not run (no connection, server loading, cluster
+# reconfiguring, replica not yet promoted), so any operation may be retried. See the module
+# docstring for the one narrow exception (a connection lost after the command ran).
+_RETRY_ALWAYS: Final[tuple[type[BaseException], ...]] = (
+    ConnectionError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+    ReadOnlyError,
+)
+# ConnectionError subclasses that a retry cannot fix: wrong credentials or permissions.
+_RETRY_NEVER: Final[tuple[type[BaseException], ...]] = (
+    AuthenticationError,
+    AuthorizationError,
+    ExternalAuthProviderError,
+)
+
+
+# -- Lua ---------------------------------------------------------------------------------------
+#
+# KEYS[1] is the ring's meta hash, KEYS[2] its FIFO list; shard keys are derived from KEYS[1].
+# Numbers go through Lua doubles, exact for every capacity and shard index we can meet.
+
+_RING_PRELUDE: Final = """
+local meta, fifo = KEYS[1], KEYS[2]
+local shard_prefix = meta .. ':m:'
+local PER_SHARD = __IDS_PER_SHARD__
+-- Lua's unpack() and Redis' argument handling both prefer bounded command sizes.
+local CHUNK = 1000
+
+-- A power of two, so that most capacity changes (anything within the same factor of two)
+-- keep the shard count and need no rebuild.
+local function shard_count(cap)
+  local n = 1
+  while n * PER_SHARD < cap do
+    n = n * 2
+  end
+  return n
+end
+
+-- The membership shard holding id when the ring has n shards.
+local function shard(id, n)
+  local h
+  if #id == 8 then
+    local a, b, c, d = string.byte(id, 1, 4)
+    h = ((a * 256 + b) * 256 + c) * 256 + d
+  else
+    h = tonumber(string.sub(redis.sha1hex(id), 1, 8), 16)
+  end
+  return shard_prefix .. (h % n)
+end
+
+local function unlink_shards(n)
+  local batch = {}
+  for i = 0, n - 1 do
+    batch[#batch + 1] = shard_prefix .. i
+    if #batch == CHUNK or i == n - 1 then
+      redis.call('UNLINK', unpack(batch))
+      batch = {}
+    end
+  end
+end
+
+-- RPUSH list[first..#list] in bounded chunks.
+local function push_from(list, first)
+  local i = first
+  while i <= #list do
+    local j = math.min(i + CHUNK - 1, #list)
+    redis.call('RPUSH', fifo, unpack(list, i, j))
+    i = j + 1
+  end
+end
+
+-- Bring the ring to capacity cap, creating it when missing; a shrink keeps the newest ids.
+-- Returns the shard count now in use and how many ids were deleted.
+local function ensure(cap)
+  local cur = redis.call('HMGET', meta, 'cap', 'shards')
+  local want = shard_count(cap)
+  if not cur[1] then
+    redis.call('HSET', meta, 'cap', cap, 'shards', want)
+    return want, 0
+  end
+  local n = tonumber(cur[2])
+  if tonumber(cur[1]) == cap then
+    return n, 0
+  end
+  local len = redis.call('LLEN', fifo)
+  local deleted = math.max(0, len - cap)
+  if want ~= n then
+    -- An id's shard depends on the shard count, so nearly every id moves: rebuild the shards
+    -- from the surviving ids instead of moving them one by one.
+    if deleted > 0 then
+      redis.call('LTRIM', fifo, deleted, -1)
+    end
+    unlink_shards(n)
+    local start = 0
+    while true do
+      local chunk = redis.call('LRANGE', fifo, start, start + CHUNK - 1)
+      for _, id in ipairs(chunk) do
+        redis.call('HSET', shard(id, want), id, 1)
+      end
+      if #chunk < CHUNK then break end
+      start = start + CHUNK
+    end
+  else
+    local start = 0
+    while start < deleted do
+      local stop = math.min(start + CHUNK, deleted) - 1
+      for _, id in ipairs(redis.call('LRANGE', fifo, start, stop)) do
+        redis.call('HDEL', shard(id, n), id)
+      end
+      start = stop + 1
+    end
+    if deleted > 0 then
+      redis.call('LTRIM', fifo, deleted, -1)
+    end
+  end
+  redis.call('HSET', meta, 'cap', cap, 'shards', want)
+  return want, deleted
+end
+
+-- For each id of ARGV[first..], in order: flag it '1' when a member, else add it ('0'),
+-- evicting the oldest id when the ring is full. Returns the flags as one string.
+local function add_batch(first, cap, n)
+  local count = redis.call('LLEN', fifo)
+  local nids = #ARGV - first + 1
+  -- Every id added beyond the free slots evicts one: fetch the ones that can be evicted from
+  -- the list up front (one LRANGE instead of an LPOP per id). Once they are exhausted, the
+  -- victims are the ids this very batch added, oldest first.
+  local old = {}
+  if count > 0 and nids > cap - count then
+    old = redis.call('LRANGE', fifo, 0, nids - (cap - count) - 1)
+  end
+  local added, flags, evicted = {}, {}, 0
+  for i = first, #ARGV do
+    local id = ARGV[i]
+    if redis.call('HSETNX', shard(id, n), id, 1) == 1 then
+      if count < cap then
+        count = count + 1
+      else
+        evicted = evicted + 1
+        local victim = old[evicted] or added[evicted - #old]
+        redis.call('HDEL', shard(victim, n), victim)
+      end
+      added[#added + 1] = id
+      flags[#flags + 1] = '0'
+    else
+      flags[#flags + 1] = '1'
+    end
+  end
+  local from_old = math.min(evicted, #old)
+  if from_old > 0 then
+    redis.call('LTRIM', fifo, from_old, -1)
+  end
+  push_from(added, evicted - from_old + 1)
+  return table.concat(flags)
+end
+""".replace("__IDS_PER_SHARD__", str(IDS_PER_SHARD))
+
+# ARGV: capacity, id...
+_CHECK_AND_ADD: Final = _RING_PRELUDE + """
+local cap = tonumber(ARGV[1])
+local n = ensure(cap)
+return add_batch(2, cap, n)
+"""
+
+# ARGV: capacity, id...
+_ADD_ALL_OR_NONE: Final = _RING_PRELUDE + """
+local cap = tonumber(ARGV[1])
+local n = ensure(cap)
+local seen, flags, dup = {}, {}, false
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if seen[id] or redis.call('HEXISTS', shard(id, n), id) == 1 then
+    flags[#flags + 1] = '1'
+    dup = true
+  else
+    flags[#flags + 1] = '0'
+  end
+  seen[id] = true
+end
+if dup then
+  return table.concat(flags)
+end
+return add_batch(2, cap, n)
+"""
+
+# ARGV: id...
+_CONTAINS: Final = _RING_PRELUDE + """
+local n = tonumber(redis.call('HGET', meta, 'shards'))
+local flags = {}
+for i = 1, #ARGV do
+  if n and redis.call('HEXISTS', shard(ARGV[i], n), ARGV[i]) == 1 then
+    flags[i] = '1'
+  else
+    flags[i] = '0'
+  end
+end
+return table.concat(flags)
+"""
+
+_STATS: Final = """
+local cap = redis.call('HGET', KEYS[1], 'cap')
+if not cap then
+  return false
+end
+return {tonumber(cap), redis.call('LLEN', KEYS[2])}
+"""
+
+# ARGV: capacity
+_RESIZE: Final = _RING_PRELUDE + """
+local _, deleted = ensure(tonumber(ARGV[1]))
+return deleted
+"""
+
+_CLEAR: Final = _RING_PRELUDE + """
+local n = redis.call('HGET', meta, 'shards')
+if not n then
+  return 0
+end
+unlink_shards(tonumber(n))
+redis.call('UNLINK', meta, fifo)
+return 1
+"""
+
+# KEYS: due zset, data hash. ARGV: item id, payload, due ms.
+_SCHEDULE_ADD: Final = """
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+"""
+
+# KEYS: due zset, data hash. ARGV: now ms, limit, lease end ms.
+# ZSET order is (score, member bytes), and UTF-8 byte order is code point order, so this is
+# MemoryStore's (due_ms, item_id) order. Returns id, payload, original due (as Redis formats the
+# score, exact for integers below 2**53) for each claimed item.
+_SCHEDULE_CLAIM: Final = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[2])
+local out = {}
+for i = 1, #due, 2 do
+  local id = due[i]
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], id)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', KEYS[2], id)
+  out[#out + 1] = due[i + 1]
+end
+return out
+"""
+
+# KEYS: due zset, data hash. ARGV: item id.
+_SCHEDULE_REMOVE: Final = """
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return removed
+"""
+
+
+# -- names, URLs, errors ----------------------------------------------------------------------
+
+
+def key_tag(name: str) -> str:
+    """The hash tag (without braces) of every key of ``name``; see the module docstring."""
+    if not name:
+        return _EMPTY_TAG
+    return quote(name, safe=_TAG_SAFE, encoding="utf-8", errors="surrogatepass")
+
+
+def _tag_name(tag: str) -> str:
+    if tag == _EMPTY_TAG:
+        return ""
+    return unquote(tag, encoding="utf-8", errors="surrogatepass")
+
+
+def _text(value: str) -> bytes:
+    # surrogatepass: names and ids are arbitrary Python strings, lone surrogates included.
+    return value.encode("utf-8", "surrogatepass")
+
+
+def _untext(value: bytes) -> str:
+    return value.decode("utf-8", "surrogatepass")
+
+
+def _is_secret_param(key: str) -> bool:
+    return "pass" in key.lower() or "token" in key.lower()
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (and any password-like query parameter) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return "<unparsable Redis URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hosts = netloc.rsplit("@", 1)
+        # Without a colon, redis-py takes userinfo as the user name, but people do write the
+        # password there: mask it whole rather than risk printing a secret.
+        user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
+        netloc = f"{user}:***@{hosts}"
+    text = f"{parts.scheme}://{netloc}{parts.path}"  # not urlunsplit: it drops unix:'s "//"
+    if any(_is_secret_param(k) for k, _ in query):
+        text += "?" + urlencode(
+            [(k, "***" if _is_secret_param(k) else v) for k, v in query], safe="*/:,")
+    elif parts.query:
+        text += "?" + parts.query
+    return text
+
+
+def _url_secrets(url: str) -> list[str]:
+    """Every string of ``url`` that may be a secret, raw and percent-decoded."""
+    secrets: list[str] = []
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return [url]
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        secrets.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+    secrets += [v for k, v in query if _is_secret_param(k)]
+    out = {s for s in secrets if s} | {unquote(s) for s in secrets if s}
+    # Longest first, so a secret containing another is replaced whole.
+    return sorted(out, key=len, reverse=True)
+
+
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def _retryable(exc: BaseException, idempotent: bool) -> bool:
+    if isinstance(exc, _RETRY_NEVER):
+        return False
+    if isinstance(exc, _RETRY_ALWAYS):
+        return True
+    if isinstance(exc, TimeoutError):
+        return idempotent
+    if isinstance(exc, ResponseError) and str(exc).startswith("BUSY "):
+        # Another client's long script (e.g. a big ring rebuild) holds the server; ours was
+        # refused, not run.
+        return True
+    # redis-py's cluster client raises a bare RedisClusterException when no node answers its
+    # topology refresh; its cause is the ConnectionError, so it is a connection failure too.
+    if type(exc) is RedisClusterException:
+        cause = exc.__cause__ or exc.__context__
+        return isinstance(cause, ConnectionError) or "cannot be connected" in str(exc)
+    return False
+
+
+def _flags(reply: bytes) -> list[bool]:
+    return [char == 0x31 for char in reply]  # b"1"
+
+
+def _ring_args(capacity: int, ids: Sequence[bytes]) -> list[bytes | int]:
+    args: list[bytes | int] = [capacity]
+    args.extend(ids)
+    return args
+
+
+def _check_capacity(capacity: int) -> None:
+    if capacity < 1:
+        raise ValueError(f"ring capacity must be >= 1, got {capacity}")
+
+
+def _split_cluster_url(url: str) -> tuple[str, list[ClusterNode]]:
+    """``redis+cluster://[auth@]h1:p1[,h2:p2...]/...`` -> (``redis://[auth@]h1:p1/...``, extra
+    seed nodes). redis-py wants a plain redis:// URL and takes extra seeds separately."""
+    scheme, rest = url.split("://", 1)
+    base = "rediss" if scheme.lower().startswith("rediss") else "redis"
+    netloc, sep, tail = rest.partition("/")
+    auth, at, hosts = netloc.rpartition("@")
+    first, *others = hosts.split(",")
+    nodes: list[ClusterNode] = []
+    for item in others:
+        host, _, port = item.strip().rpartition(":")
+        nodes.append(ClusterNode(host.strip("[]") or "localhost", int(port or 6379)))
+    return f"{base}://{auth}{at}{first}{sep}{tail}", nodes
+
+
+class RedisStore:
+    """:class:`~mqguard.stores.base.Store` kept in Redis or Redis Cluster; see the module doc.
+
+    Thread-safe: redis-py clients pool their connections and the scripts hold no state.
+    """
+
+    def __init__(self, client: redis.Redis | RedisCluster, *, url: str | None = None,
+                 namespace: str = DEFAULT_NAMESPACE, retry_timeout: float = 5.0) -> None:
+        """Wrap an existing redis-py client. Prefer :meth:`from_url`, which configures the
+        timeouts and retries this class relies on. ``url`` only names the store in errors
+        (masked); ``namespace`` prefixes every key."""
+        if not namespace or any(c in namespace for c in "{}*?[]\\ "):
+            raise ValueError(f"namespace {namespace!r} must be non-empty, without braces, "
+                             "blanks or glob characters")
+        self._client = client
+        self._cluster = isinstance(client, RedisCluster)
+        self._ns = namespace
+        self._retry_timeout = retry_timeout
+        self._secrets = _url_secrets(url) if url else []
+        self._where = mask_url(url) if url else self._describe_client()
+        register = client.register_script
+        self._s_check_and_add: Script = register(_CHECK_AND_ADD)
+        self._s_add_all_or_none: Script = register(_ADD_ALL_OR_NONE)
+        self._s_contains: Script = register(_CONTAINS)
+        self._s_stats: Script = register(_STATS)
+        self._s_resize: Script = register(_RESIZE)
+        self._s_clear: Script = register(_CLEAR)
+        self._s_schedule_add: Script = register(_SCHEDULE_ADD)
+        self._s_schedule_claim: Script = register(_SCHEDULE_CLAIM)
+        self._s_schedule_remove: Script = register(_SCHEDULE_REMOVE)
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str = DEFAULT_NAMESPACE,
+                 retry_timeout: float = 5.0, **options: Any) -> RedisStore:
+        """Open ``redis://``, ``rediss://``, ``unix://`` (standalone) or ``redis+cluster://``,
+        ``rediss+cluster://`` (Cluster; several seeds may be given comma-separated) URLs.
+
+        ``options`` are passed to redis-py (``redis.Redis`` / ``RedisCluster``) over this
+        module's defaults; URL query parameters (``?socket_timeout=3``) override both.
+        ``retry_timeout`` bounds how long connection failures are retried per call.
+        """
+        where = mask_url(url)
+        secrets = _url_secrets(url)
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        # The store retries by itself (see _call), so redis-py must not: its retries would
+        # also repeat non-idempotent scripts after a timeout.
+        opts: dict[str, Any] = {**_CLIENT_DEFAULTS, "retry": Retry(NoBackoff(), 0), **options}
+        # Ids, payloads and script replies are binary.
+        opts["decode_responses"] = False
+        client: redis.Redis | RedisCluster
+        try:
+            if scheme in ("redis+cluster", "rediss+cluster"):
+                plain, seeds = _split_cluster_url(url)
+                if seeds:
+                    opts["startup_nodes"] = seeds
+                # RedisCluster connects at construction to learn the slot map.
+                client = _retrying(
+                    lambda: RedisCluster.from_url(plain, **opts), retry_timeout, idempotent=True)
+            elif scheme in ("redis", "rediss", "unix"):
+                client = redis.Redis.from_url(url, **opts)
+            else:
+                raise StoreError(
+                    f"unsupported store URL {where}: expected redis://, rediss://, unix://, "
+                    "redis+cluster:// or rediss+cluster://")
+        except (RedisError, RedisClusterException, ValueError, TypeError) as exc:
+            detail = _scrub(f"{type(exc).__name__}: {exc}", secrets)
+            raise StoreError(f"cannot open Redis store {where}: {detail}") from None
+        return cls(client, url=url, namespace=namespace, retry_timeout=retry_timeout)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _describe_client(self) -> str:
+        if isinstance(self._client, RedisCluster):
+            nodes = ",".join(n.name for n in self._client.get_primaries())
+            return f"redis+cluster://{nodes}"
+        kwargs = self._client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}"
+        return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+    def _call(self, op: str, fn: Callable[[], _T], *, idempotent: bool) -> _T:
+        """Run ``fn`` with the retry policy, turning redis-py errors into StoreError."""
+        started = time.monotonic()
+        try:
+            return _retrying(fn, self._retry_timeout, idempotent=idempotent)
+        except (RedisError, RedisClusterException) as exc:
+            # 'from None': the chained redis-py exception is not scrubbed of secrets.
+            raise self._error(op, exc, time.monotonic() - started) from None
+
+    def _error(self, op: str, exc: BaseException, elapsed: float) -> StoreError:
+        detail = _scrub(f"{type(exc).__name__}: {exc}", self._secrets)
+        hint = ""
+        if _retryable(exc, idempotent=True):
+            hint = f" (is Redis running and reachable? gave up after {elapsed:.1f} s)"
+        return StoreError(f"Redis store {self._where}: {op} failed: {detail}{hint}")
+
+    def _key(self, name: str, suffix: str) -> str:
+        return f"{self._ns}:{{{key_tag(name)}}}:{suffix}"
+
+    def _ring_keys(self, name: str) -> list[str]:
+        return [self._key(name, "ring"), self._key(name, "ring:ids")]
+
+    def _sched_keys(self, queue: str) -> list[str]:
+        return [self._key(queue, "sched:due"), self._key(queue, "sched:data")]
+
+    def _primaries(self) -> list[redis.Redis]:
+        if isinstance(self._client, RedisCluster):
+            cluster = self._client
+            return [cluster.get_redis_connection(node) for node in cluster.get_primaries()]
+        return [self._client]
+
+    # -- rings -----------------------------------------------------------------------------
+
+    def ring_check_and_add(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
+        _check_capacity(capacity)
+        keys, args = self._ring_keys(name), _ring_args(capacity, ids)
+        reply = self._call("ring_check_and_add",
+                           lambda: self._s_check_and_add(keys=keys, args=args), idempotent=False)
+        return _flags(reply)
+
+    def ring_add_all_or_none(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
+        _check_capacity(capacity)
+        keys, args = self._ring_keys(name), _ring_args(capacity, ids)
+        reply = self._call("ring_add_all_or_none",
+                           lambda: self._s_add_all_or_none(keys=keys, args=args),
+                           idempotent=False)
+        return _flags(reply)
+
+    def ring_contains(self, name: str, ids: Sequence[bytes]) -> list[bool]:
+        if not ids:
+            return []
+        keys, args = self._ring_keys(name), list(ids)
+        reply = self._call("ring_contains", lambda: self._s_contains(keys=keys, args=args),
+                           idempotent=True)
+        return _flags(reply)
+
+    def ring_ids(self, name: str) -> list[bytes]:
+        fifo = self._key(name, "ring:ids")
+        items = self._call("ring_ids", lambda: self._client.lrange(fifo, 0, -1),
+                           idempotent=True)
+        # The client does not decode responses (decode_responses=False), so these are bytes.
+        return cast(list[bytes], items)
+
+    def ring_stats(self, name: str) -> RingStats | None:
+        keys = self._ring_keys(name)
+        reply = self._call("ring_stats", lambda: self._s_stats(keys=keys), idempotent=True)
+        if reply is None:
+            return None
+        capacity, count = reply
+        return RingStats(name, int(capacity), int(count))
+
+    def ring_names(self) -> list[str]:
+        prefix, suffix = f"{self._ns}:{{", "}:ring"
+
+        def scan() -> list[str]:
+            # SCAN (not a registry key) because a registry would put every ring in one slot.
+            # RedisCluster.scan_iter walks every primary.
+            found = self._client.scan_iter(match=f"{prefix}*{suffix}", count=_SCAN_COUNT,
+                                           _type="hash")
+            names = {_tag_name(_untext(key)[len(prefix):-len(suffix)]) for key in found}
+            return sorted(names)
+
+        return self._call("ring_names", scan, idempotent=True)
+
+    def ring_resize(self, name: str, capacity: int) -> int:
+        _check_capacity(capacity)
+        keys = self._ring_keys(name)
+        # Idempotent in effect (a rerun resizes nothing); only the deleted count could be lost.
+        return int(self._call("ring_resize",
+                              lambda: self._s_resize(keys=keys, args=[capacity]),
+                              idempotent=False))
+
+    def ring_clear(self, name: str) -> bool:
+        keys = self._ring_keys(name)
+        return bool(self._call("ring_clear", lambda: self._s_clear(keys=keys), idempotent=False))
+
+    # -- delivery counts -------------------------------------------------------------------
+
+    def delivery_count_incr(self, queue: str, message_id: str) -> int:
+        key, field = self._key(queue, "deliveries"), _text(message_id)
+        return int(self._call("delivery_count_incr",
+                              lambda: self._client.hincrby(key, field, 1), idempotent=False))
+
+    def delivery_count_get(self, queue: str, message_id: str) -> int:
+        key, field = self._key(queue, "deliveries"), _text(message_id)
+        value = self._call("delivery_count_get", lambda: self._client.hget(key, field),
+                           idempotent=True)
+        return int(value) if value is not None else 0
+
+    def delivery_count_clear(self, queue: str, message_id: str) -> None:
+        key, field = self._key(queue, "deliveries"), _text(message_id)
+        self._call("delivery_count_clear", lambda: self._client.hdel(key, field),
+                   idempotent=True)
+
+    # -- scheduled items -------------------------------------------------------------------
+
+    def schedule_add(self, queue: str, item_id: str, payload: bytes, due_ms: int) -> None:
+        keys = self._sched_keys(queue)
+        args: list[bytes | int] = [_text(item_id), payload, int(due_ms)]
+        self._call("schedule_add", lambda: self._s_schedule_add(keys=keys, args=args),
+                   idempotent=True)
+
+    def schedule_claim_due(self, queue: str, now_ms: int, limit: int,
+                           lease_ms: int) -> list[ScheduledItem]:
+        if limit <= 0:
+            # ZRANGEBYSCORE ... LIMIT 0 -1 would mean "all"; MemoryStore claims nothing.
+            return []
+        keys = self._sched_keys(queue)
+        # The lease end is computed here, not in Lua, whose number formatting loses digits
+        # beyond 14; ZSET scores are doubles, exact for epoch ms (< 2**53).
+        args = [int(now_ms), int(limit), int(now_ms) + int(lease_ms)]
+        reply = self._call("schedule_claim_due",
+                           lambda: self._s_schedule_claim(keys=keys, args=args),
+                           idempotent=False)
+        return [ScheduledItem(_untext(reply[i]), reply[i + 1] or b"", int(float(reply[i + 2])))
+                for i in range(0, len(reply), 3)]
+
+    def schedule_remove(self, queue: str, item_id: str) -> bool:
+        keys, args = self._sched_keys(queue), [_text(item_id)]
+        return bool(self._call("schedule_remove",
+                               lambda: self._s_schedule_remove(keys=keys, args=args),
+                               idempotent=False))
+
+    def schedule_count(self, queue: str) -> int:
+        key = self._key(queue, "sched:due")
+        return int(self._call("schedule_count", lambda: self._client.zcard(key),
+                              idempotent=True))
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        self._call("ping", self._client.ping, idempotent=True)
+
+    def close(self) -> None:
+        # Best effort: the sockets go away with the process anyway.
+        with contextlib.suppress(RedisError, RedisClusterException, OSError):
+            self._client.close()
+
+    # -- extras (tests, benchmarks, operations) ----------------------------------------------
+
+    def memory_usage_bytes(self) -> int:
+        """Redis ``used_memory`` (INFO memory), summed over the primaries of a Cluster."""
+        def used() -> int:
+            return sum(int(node.info("memory")["used_memory"]) for node in self._primaries())
+
+        return self._call("memory_usage_bytes", used, idempotent=True)
+
+    def flush_namespace(self) -> int:
+        """Delete every key of this store's namespace (on every primary); returns how many."""
+        def flush() -> int:
+            deleted = 0
+            for node in self._primaries():
+                batch: list[bytes] = []
+                for key in node.scan_iter(match=f"{self._ns}:*", count=_SCAN_COUNT):
+                    batch.append(key)
+                    if len(batch) >= 500:
+                        deleted += self._unlink(node, batch)
+                        batch = []
+                deleted += self._unlink(node, batch)
+            return deleted
+
+        return self._call("flush_namespace", flush, idempotent=True)
+
+    def _unlink(self, node: redis.Redis, keys: list[bytes]) -> int:
+        if not keys:
+            return 0
+        if not self._cluster:
+            return int(node.unlink(*keys))
+        # A Cluster node refuses a multi-key UNLINK across slots: one key per command, pipelined.
+        pipe = node.pipeline(transaction=False)
+        for key in keys:
+            pipe.unlink(key)
+        return sum(int(n) for n in pipe.execute())
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._where!r}, namespace={self._ns!r})"
+
+
+def _retrying(fn: Callable[[], _T], retry_timeout: float, *, idempotent: bool) -> _T:
+    """Call ``fn``, retrying retryable failures with jittered exponential backoff until
+    ``retry_timeout`` seconds have passed; then re-raise the last error."""
+    deadline = time.monotonic() + retry_timeout
+    delay = _BACKOFF_BASE
+    while True:
+        try:
+            return fn()
+        except (RedisError, RedisClusterException) as exc:
+            if not _retryable(exc, idempotent) or time.monotonic() + delay > deadline:
+                raise
+        # Jitter keeps many clients that lost Redis at the same moment from reconnecting in
+        # lock-step when it comes back.
+        time.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, _BACKOFF_CAP)
