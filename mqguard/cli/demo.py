@@ -45,7 +45,11 @@ BROKERS = ("activemq", "rabbitmq", "mosquitto")
               help="Seconds to wait for every message to come back.")
 def demo(broker: str, url: str | None, messages: int, config_path: str | None,
          events_dir: str, timeout: float) -> None:
-    """Guarded send -> deliver -> ack round trip through a real broker; checks the event log."""
+    """Guarded send -> deliver -> ack round trip through a real broker; checks the event log.
+
+    Every tenth message is sent a second time with the same _AMQ_DUPL_ID; the
+    duplicate_detection plugin must keep those copies from the broker.
+    """
     console = Console()
     try:
         config = load_config(config_path)
@@ -71,9 +75,13 @@ def demo(broker: str, url: str | None, messages: int, config_path: str | None,
             consumer = GuardedConsumer(open_adapter(broker_url), address, handle, guard)
             with consumer, GuardedProducer(open_adapter(broker_url), guard) as producer:
                 batch = [producer.message(address, f"demo message {i}".encode(),
-                                          headers={"demo-index": str(i)})
+                                          headers={"demo-index": str(i)},
+                                          duplicate_id=f"demo-{i}")
                          for i in range(messages)]
-                for start in range(0, messages, 100):
+                # Every tenth message is sent twice: duplicate detection must drop the copy.
+                batch += [producer.message(address, b"duplicate", duplicate_id=f"demo-{i}")
+                          for i in range(0, messages, 10)]
+                for start in range(0, len(batch), 100):
                     producer.send_batch(batch[start:start + 100])
                 if not done.wait(timeout):
                     raise click.ClickException(
@@ -94,11 +102,16 @@ def demo(broker: str, url: str | None, messages: int, config_path: str | None,
     problems = []
     if len(set(ids)) != messages:
         problems.append(f"{len(ids) - len(set(ids))} duplicate deliveries")
-    for kind in ("sent", "delivered", "acked"):
-        if counts[kind] != messages:
-            problems.append(f"{counts[kind]} '{kind}' events, expected {messages}")
+    duplicates = len(range(0, messages, 10))
+    expected = {"sent": messages, "delivered": messages, "acked": messages}
+    if guard.plugins.get_plugin("duplicate_detection") is not None:
+        expected["duplicate_rejected"] = duplicates
+    for kind, want in expected.items():
+        if counts[kind] != want:
+            problems.append(f"{counts[kind]} '{kind}' events, expected {want}")
     console.print(f"event log: {Path(events_dir).resolve()}")
     if problems:
         raise click.ClickException("; ".join(problems))
-    console.print(f"[green]OK[/green]: every message sent once, delivered once, acknowledged "
+    console.print(f"[green]OK[/green]: {messages} messages sent, delivered once and "
+                  f"acknowledged; {counts['duplicate_rejected']} duplicate sends rejected "
                   f"({messages / elapsed:.0f} msg/s round trip)")
