@@ -50,7 +50,7 @@ def demo(broker: str, url: str | None, messages: int, config_path: str | None,
     Every tenth message is sent a second time with the same _AMQ_DUPL_ID; the
     duplicate_detection plugin must keep those copies from the broker.
     """
-    console = Console()
+    console = Console(soft_wrap=True)
     try:
         config = load_config(config_path)
     except MqguardError as exc:
