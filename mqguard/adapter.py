@@ -83,8 +83,10 @@ class SubscribeOptions:
 class Adapter(Protocol):
     """What the guard needs from a broker connection.
 
-    Calls may come from several threads; delivery callbacks run on the adapter's
-    own receiver thread, one at a time per adapter.
+    Calls may come from several threads. Delivery callbacks run on a delivery
+    thread of the adapter's own (not the socket receiver thread), one at a time
+    and in order, so a callback may itself send and wait for a receipt (the
+    pipeline does, when it moves a message to a dead-letter address).
     """
 
     #: Registry name, e.g. ``stomp``.
@@ -106,6 +108,11 @@ class Adapter(Protocol):
     def send(self, message: Message, *, transaction: str | None = None) -> None:
         """Send one message. Returns once the broker confirmed it (receipt, PUBACK), so a
         return means the broker has it; raises AdapterError otherwise."""
+        ...
+
+    def send_many(self, messages: list[Message], *, transaction: str | None = None) -> None:
+        """Send several messages pipelined (all frames, then all confirmations). Raises
+        AdapterError when any is not confirmed; the outcome of the others is unknown."""
         ...
 
     def subscribe(self, address: str, callback: DeliveryCallback,

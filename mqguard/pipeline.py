@@ -208,12 +208,10 @@ class Guard:
         batch = [message for message, _ in outgoing]
         tx_id = transaction.transaction_id if transaction else None
         try:
-            send_many = getattr(adapter, "send_many", None)
-            if len(batch) > 1 and send_many is not None:
-                send_many(batch, transaction=tx_id)
+            if len(batch) > 1:
+                adapter.send_many(batch, transaction=tx_id)
             else:
-                for message in batch:
-                    adapter.send(message, transaction=tx_id)
+                adapter.send(batch[0], transaction=tx_id)
         except Exception as exc:
             # The broker may or may not have some of them: the audit classifies
             # these as "unknown outcome" and later reconciles them with deliveries.
@@ -289,7 +287,7 @@ class Guard:
                 queue: str) -> None:
         """Run one delivery through the hooks, the handler, and ack/nack/move.
 
-        Called on the adapter's receiver thread. Never raises: every failure ends
+        Called on the adapter's delivery thread. Never raises: every failure ends
         in an event and a broker-side outcome, because an exception here would
         kill the receiver and strand the remaining messages.
         """

@@ -1,0 +1,812 @@
+"""MQTT adapter on paho-mqtt 2 (``CallbackAPIVersion.VERSION2``), MQTT 5 by default.
+
+URL: ``mqtt://[user:pass@]host[:port]`` (1883 by default) or ``mqtts://`` (8883). Credentials
+come from the URL or the ``username``/``password`` options; they are never logged or put in
+an exception message.
+
+Addresses
+    ``orders.eu`` is the topic ``orders/eu`` and back ('.' <-> '/'). MQTT wildcards pass
+    through for subscriptions (``orders.+`` -> ``orders/+``). A delivery's address is the
+    topic the message was *published* to, mapped back (for a non-wildcard subscription that is
+    the subscribed address). A topic level containing '.' cannot be addressed.
+
+Delivery guarantees
+    Everything is QoS 1. ``send()`` returns once the PUBACK arrived and raises AdapterError
+    when it does not come within ``publish_timeout`` or carries a failure reason code (MQTT 5;
+    "no matching subscribers", 0x10, is a success). A timeout means the outcome is unknown:
+    paho keeps the message queued and may still deliver it (at least once, never silently
+    lost). While the client is disconnected ``send()`` raises at once.
+
+    Consumers use ``manual_ack=True`` and ``clean_start=False`` with a session expiry (default
+    3600 s) and a stable ``client_id``: unacknowledged messages survive a reconnect, and the
+    broker resends them (DUP set, so ``Delivery.redelivered`` is True) to the next connection
+    with the same client id. Messages the broker pushes before the application has
+    re-subscribed (a resumed session delivers at once) are held, up to ``orphan_limit``, and
+    handed to the first matching ``subscribe()``; they are never acked unseen.
+
+    Mosquitto's default ``max_queued_messages 1000`` *silently drops* QoS 1 messages for a
+    subscriber more than 1000 messages behind (offline, or slower than its producers; the log
+    says "Outgoing messages are being dropped for client ..."). A guarded deployment must raise
+    it (``mqguard.servers`` uses 1000000); no client setting can compensate.
+
+    ``nack()`` cannot give a message back: MQTT has no negative acknowledgement
+    (``capabilities.nack_requeue`` is False). It only leaves the message unacknowledged: the
+    broker redelivers it after the *next reconnect* of the same session, and until then it
+    occupies one slot of the broker's in-flight window (Receive Maximum).
+
+Headers
+    MQTT 5: the application's headers and the guard's own (``Message.wire_headers()``) travel as
+    user properties. On receipt every read is bounded: at most ``max_user_properties``
+    properties of at most ``max_property_bytes`` bytes each; malformed, oversized or duplicate
+    ones are skipped (first value wins), logged, and summarised in
+    ``Delivery.raw_headers["mqguard-property-errors"]`` -- a message is never lost for them.
+    On sending, header names, values and topics with control characters (a newline, say) or
+    Unicode non-characters are refused with AdapterError: Mosquitto 2.0 answers them by
+    dropping the connection ("Malformed UTF-8"), after which paho would resend the same PUBLISH
+    on every reconnect.
+
+    MQTT 3.1.1 (``protocol="3.1.1"``, the only MQTT that ActiveMQ 5.17 and RabbitMQ 3.10 speak)
+    has no properties, so headers cannot be carried. Rather than invent an envelope that other
+    MQTT clients would not understand, the adapter *refuses* (AdapterError) any message whose
+    wire headers are not empty -- including the guard's ``mqguard-id`` and ``mqguard-expires``.
+    Header-less messages pass.
+
+Expiry
+    ``Message.expiration`` becomes the MQTT 5 Message Expiry Interval in whole seconds, rounded
+    up. An already expired message is sent with the minimum interval, 1 s: a broker drops it
+    unless a subscriber is connected within that second (the guard's ``mqguard-expires`` check
+    covers that case). Mosquitto 2.0 drops expired messages silently (no expiry topic, no
+    count).
+
+Broker identity
+    MQTT has no server identification, so ``broker`` is whatever the ``broker=`` option says
+    (default ``"mqtt"``; pass ``"mosquitto"``, ``"activemq"``, ``"rabbitmq"`` as appropriate).
+    Capabilities: ``native_ttl`` (MQTT 5 only) and ``persistent``; no transactions
+    (``begin()`` raises), no NACK requeue, no selectors, no browsing, no stable message id.
+
+Threads
+    Callbacks run on a delivery thread of the adapter's own (one at a time, in arrival order),
+    not on paho's network thread: a callback that sends waits for a PUBACK that only the
+    network thread can read. An exception in a callback is logged and the message stays
+    unacknowledged. paho reconnects by itself (with ``reconnect_min_delay``..
+    ``reconnect_max_delay`` backoff) and, when the broker lost the session, the adapter
+    re-subscribes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+import queue
+import re
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
+from mqguard.errors import AdapterError
+from mqguard.message import Message, now_ms
+from mqguard.registry import redact_url
+
+__all__ = ["MqttAdapter", "address_to_topic", "check_mqtt_string", "read_user_properties",
+           "topic_to_address"]
+
+log = logging.getLogger("mqguard.adapters.mqtt")
+
+DEFAULT_PORTS: Final = {"mqtt": 1883, "mqtts": 8883}
+PROTOCOLS: Final = {
+    "5": MQTTProtocolVersion.MQTTv5,
+    "5.0": MQTTProtocolVersion.MQTTv5,
+    "3.1.1": MQTTProtocolVersion.MQTTv311,
+    "311": MQTTProtocolVersion.MQTTv311,
+}
+#: Key of ``Delivery.raw_headers`` summarising skipped user properties.
+PROPERTY_ERRORS_KEY: Final = "mqguard-property-errors"
+#: Longest MQTT 5 property value (a two-byte length prefix).
+MAX_MQTT_STRING: Final = 65535
+
+
+#: What Mosquitto (``mosquitto_validate_utf8``) and the MQTT 5 spec's SHOULD NOTs refuse in a
+#: UTF-8 string: control characters and Unicode non-characters. A broker that meets one
+#: disconnects the client ("Malformed UTF-8"), and paho would then resend the same PUBLISH after
+#: every reconnect -- so such strings are refused before publishing.
+_FORBIDDEN_MQTT_CHARS: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\ufdd0-\ufdef\ufffe\uffff\ud800-\udfff]"
+    "|[\U0001fffe\U0001ffff\U0002fffe\U0002ffff\U0003fffe\U0003ffff\U0004fffe\U0004ffff"
+    "\U0005fffe\U0005ffff\U0006fffe\U0006ffff\U0007fffe\U0007ffff\U0008fffe\U0008ffff"
+    "\U0009fffe\U0009ffff\U000afffe\U000affff\U000bfffe\U000bffff\U000cfffe\U000cffff"
+    "\U000dfffe\U000dffff\U000efffe\U000effff\U000ffffe\U000fffff\U0010fffe\U0010ffff]"
+)
+
+
+def check_mqtt_string(text: str, what: str) -> None:
+    """AdapterError if ``text`` cannot be an MQTT UTF-8 string (see ``_FORBIDDEN_MQTT_CHARS``)."""
+    bad = _FORBIDDEN_MQTT_CHARS.search(text)
+    if bad is not None:
+        raise AdapterError(f"{what} contains {bad.group()!r} (U+{ord(bad.group()):04X}), which "
+                           "MQTT brokers refuse in strings (control or non-character)")
+    if len(text.encode("utf-8")) > MAX_MQTT_STRING:
+        raise AdapterError(f"{what} exceeds MQTT's {MAX_MQTT_STRING}-byte string limit")
+
+
+def address_to_topic(address: str) -> str:
+    """``orders.eu`` -> ``orders/eu``."""
+    if not address:
+        raise AdapterError("empty address")
+    return address.replace(".", "/")
+
+
+def topic_to_address(topic: str) -> str:
+    """``orders/eu`` -> ``orders.eu``."""
+    return topic.replace("/", ".")
+
+
+def read_user_properties(
+    properties: Any, *, max_count: int, max_bytes: int
+) -> tuple[dict[str, str], list[str]]:
+    """User properties of a received PUBLISH as headers, with what was skipped and why.
+
+    Never raises: anything unexpected is skipped and reported instead.
+    """
+    headers: dict[str, str] = {}
+    problems: list[str] = []
+    pairs = getattr(properties, "UserProperty", None) if properties is not None else None
+    if pairs is None:
+        return headers, problems
+    if not isinstance(pairs, list | tuple):
+        return headers, [f"user properties of unexpected type {type(pairs).__name__} ignored"]
+    if len(pairs) > max_count:
+        problems.append(f"{len(pairs) - max_count} user properties beyond the limit of "
+                        f"{max_count} ignored")
+        pairs = pairs[:max_count]
+    for index, pair in enumerate(pairs):
+        if not (isinstance(pair, tuple) and len(pair) == 2
+                and isinstance(pair[0], str) and isinstance(pair[1], str)):
+            problems.append(f"malformed user property #{index} ignored")
+            continue
+        key, value = pair
+        if len(key.encode("utf-8", "replace")) > max_bytes \
+                or len(value.encode("utf-8", "replace")) > max_bytes:
+            problems.append(f"user property {key[:40]!r} longer than {max_bytes} bytes ignored")
+            continue
+        if key in headers:
+            problems.append(f"duplicate user property {key[:40]!r}: first value kept")
+            continue
+        headers[key] = value
+    return headers, problems
+
+
+class _Dispatcher:
+    """Runs delivery callbacks on one thread of the adapter's own, in arrival order.
+
+    Not on paho's network thread: a callback that sends (the guard moves a message to a
+    dead-letter address from inside its delivery callback) waits for a PUBACK, and only the
+    network thread can read it. The queue is unbounded on purpose -- blocking the network
+    thread when it is full would bring that deadlock back; the broker's in-flight window
+    (Receive Maximum) bounds it for acknowledged subscriptions.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, args=(self._jobs,),
+                                            name=self._name, daemon=True)
+            self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def stop(self, timeout: float) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._jobs.put(None)
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:
+                log.exception("internal error in the delivery thread")
+
+
+@dataclass(slots=True)
+class _Subscription:
+    id: str
+    address: str
+    topic: str
+    callback: DeliveryCallback
+    auto_ack: bool
+
+
+class MqttAdapter:
+    """mqguard :class:`~mqguard.adapter.Adapter` speaking MQTT (see the module docstring).
+
+    Options (keyword-only; the registry passes them as ``MqttAdapter(url, **options)``):
+
+    ``client_id``
+        Stable client id: give one to consumers so a reconnect resumes their session (and
+        their unacked messages). Default: a random ``mqguard-<hex>`` (stable for this object).
+    ``protocol``
+        ``"5"`` (default) or ``"3.1.1"`` (no headers, no expiry: see the module docstring).
+    ``clean_start``
+        Default False (resume the session).
+    ``session_expiry``
+        MQTT 5 Session Expiry Interval in seconds (default 3600); 0 ends the session at
+        disconnect.
+    ``receive_maximum``
+        MQTT 5 Receive Maximum: in-flight QoS 1 messages the broker may push unacked (the
+        connection-wide prefetch; ``SubscribeOptions.prefetch`` cannot be per subscription
+        in MQTT and is ignored). Default: the broker's.
+    ``username``, ``password``
+        Override the URL's credentials.
+    ``broker``
+        The broker flavour to report (default ``"mqtt"``; MQTT cannot tell).
+    ``keepalive``, ``connect_timeout``, ``publish_timeout``
+        Seconds (30, 10, 10).
+    ``max_inflight``
+        Our own unacknowledged publishes in flight (default 100; paho's default 20 caps a
+        pipelined ``send_many`` at 20 per round trip).
+    ``reconnect_min_delay``, ``reconnect_max_delay``
+        paho's automatic reconnection backoff, seconds (1 and 10).
+    ``max_user_properties``, ``max_property_bytes``, ``orphan_limit``
+        Bounds on what is read from the broker (256 properties, 65535 bytes each, 1000 held
+        messages).
+    ``tls_ca_certs``, ``tls_certfile``, ``tls_keyfile``, ``tls_verify``
+        TLS settings for ``mqtts://``.
+    """
+
+    name = "mqtt"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        client_id: str | None = None,
+        protocol: str = "5",
+        clean_start: bool = False,
+        session_expiry: int = 3600,
+        receive_maximum: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        broker: str = "mqtt",
+        keepalive: int = 30,
+        connect_timeout: float = 10.0,
+        publish_timeout: float = 10.0,
+        max_inflight: int = 100,
+        reconnect_min_delay: int = 1,
+        reconnect_max_delay: int = 10,
+        max_user_properties: int = 256,
+        max_property_bytes: int = MAX_MQTT_STRING,
+        orphan_limit: int = 1000,
+        tls_ca_certs: str | None = None,
+        tls_certfile: str | None = None,
+        tls_keyfile: str | None = None,
+        tls_verify: bool = True,
+    ) -> None:
+        safe = redact_url(url)
+        parts = urlsplit(url)
+        if parts.scheme not in DEFAULT_PORTS:
+            raise AdapterError(f"MQTT adapter cannot use URL {safe!r}: scheme must be mqtt:// "
+                               "or mqtts://")
+        if not parts.hostname:
+            raise AdapterError(f"MQTT URL {safe!r} has no host")
+        try:
+            port = parts.port or DEFAULT_PORTS[parts.scheme]
+        except ValueError:
+            raise AdapterError(f"MQTT URL {safe!r} has an invalid port") from None
+        if parts.query:
+            raise AdapterError(f"MQTT URL {safe!r}: query parameters are not read; pass options")
+        if protocol not in PROTOCOLS:
+            raise AdapterError(f"MQTT protocol {protocol!r} is not one of "
+                               f"{', '.join(sorted(PROTOCOLS))}")
+        if connect_timeout <= 0 or publish_timeout <= 0:
+            raise AdapterError("connect_timeout and publish_timeout must be positive")
+        self.url = safe
+        self.where = f"MQTT broker at {parts.hostname}:{port}"
+        self._host = parts.hostname
+        self._port = port
+        self._tls = parts.scheme == "mqtts"
+        self._username = username if username is not None else (
+            unquote(parts.username) if parts.username else None)
+        self._password = password if password is not None else (
+            unquote(parts.password) if parts.password is not None else None)
+        self._protocol = PROTOCOLS[protocol]
+        self._v5 = self._protocol == MQTTProtocolVersion.MQTTv5
+        self.client_id = client_id or f"mqguard-{os.urandom(6).hex()}"
+        self._clean_start = clean_start
+        self._session_expiry = max(0, int(session_expiry))
+        self._receive_maximum = receive_maximum
+        self._keepalive = keepalive
+        self._connect_timeout = connect_timeout
+        self._publish_timeout = publish_timeout
+        self._max_inflight = max(1, int(max_inflight))
+        self._reconnect_delays = (max(1, int(reconnect_min_delay)),
+                                  max(1, int(reconnect_max_delay), int(reconnect_min_delay)))
+        self._max_user_properties = max(0, int(max_user_properties))
+        self._max_property_bytes = max(1, int(max_property_bytes))
+        self._orphan_limit = max(0, int(orphan_limit))
+        self._tls_files = (tls_ca_certs, tls_certfile, tls_keyfile)
+        self._tls_verify = tls_verify
+
+        #: Broker flavour as configured (MQTT has no server identification).
+        self.broker = broker
+        #: Whether the broker resumed a session at the last CONNACK.
+        self.session_present = False
+
+        self._lock = threading.RLock()
+        self._dispatcher = _Dispatcher("mqguard-mqtt-deliveries")
+        self._client: paho.Client | None = None
+        self._state = "new"  # new | connected | disconnected | closed
+        self._connack = threading.Event()
+        self._connack_error: str | None = None
+        self._subs: dict[str, _Subscription] = {}
+        self._orphans: deque[paho.MQTTMessage] = deque()
+        self._acks = threading.Condition(self._lock)
+        self._suback: dict[int, list[ReasonCode]] = {}
+        self._publish_failures: dict[int, str] = {}
+        self._abandoned: set[int] = set()
+        self._ids = itertools.count(1)
+
+    # -- introspection --------------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(native_ttl=self._v5, persistent=True)
+
+    @property
+    def connected(self) -> bool:
+        client = self._client
+        return self._state == "connected" and client is not None and client.is_connected()
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def _new_client(self) -> paho.Client:
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            # MQTT 3.1.1 takes the session flag here; MQTT 5 takes clean_start at connect().
+            clean_session=None if self._v5 else self._clean_start,
+            protocol=self._protocol,
+            manual_ack=True,
+            reconnect_on_failure=True,
+        )
+        if self._username is not None:
+            client.username_pw_set(self._username, self._password)
+        if self._tls:
+            ca_certs, certfile, keyfile = self._tls_files
+            client.tls_set(ca_certs=ca_certs, certfile=certfile, keyfile=keyfile,
+                           cert_reqs=ssl.CERT_REQUIRED if self._tls_verify else ssl.CERT_NONE)
+            if not self._tls_verify:
+                client.tls_insecure_set(True)
+        client.max_inflight_messages_set(self._max_inflight)
+        client.reconnect_delay_set(*self._reconnect_delays)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
+        client.on_unsubscribe = self._on_subscribe
+        return client
+
+    def connect(self) -> None:
+        """Connect and wait for CONNACK; AdapterError (credentials redacted) on failure."""
+        with self._lock:
+            if self._client is not None and self._state == "connected":
+                return
+            stale, self._client = self._client, None
+        if stale is not None:  # paho still trying to reconnect an earlier client: stop it
+            self._shutdown(stale)
+        with self._lock:
+            self._dispatcher.start()
+            client = self._new_client()
+            self._client = client
+            self._connack.clear()
+            self._connack_error = None
+            self._state = "new"
+        properties = None
+        kwargs: dict[str, Any] = {}
+        if self._v5:
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = self._session_expiry
+            if self._receive_maximum is not None:
+                properties.ReceiveMaximum = self._receive_maximum
+            kwargs["clean_start"] = self._clean_start
+        try:
+            client.connect(self._host, self._port, keepalive=self._keepalive,
+                           properties=properties, **kwargs)
+        except (OSError, ValueError) as exc:
+            with self._lock:
+                self._client = None
+            raise AdapterError(f"cannot connect to {self.where}: {type(exc).__name__} "
+                               "(is the broker running?)") from None
+        client.loop_start()
+        ok = self._connack.wait(self._connect_timeout)
+        if not ok or self._connack_error is not None:
+            self._shutdown(client)
+            with self._lock:
+                self._client = None
+                self._state = "new"
+            if not ok:
+                raise AdapterError(f"{self.where} sent no CONNACK within "
+                                   f"{self._connect_timeout:g}s")
+            raise AdapterError(f"{self.where} refused the connection: {self._connack_error}")
+        log.info("connected to %s as %r (MQTT %s, session present: %s)", self.where,
+                 self.client_id, "5" if self._v5 else "3.1.1", self.session_present)
+
+    @staticmethod
+    def _shutdown(client: paho.Client) -> None:
+        with contextlib.suppress(Exception):
+            client.disconnect()
+        with contextlib.suppress(Exception):
+            client.loop_stop()
+
+    def close(self) -> None:
+        """Disconnect (the session stays on the broker for ``session_expiry``). Idempotent."""
+        with self._lock:
+            if self._state == "closed":
+                return
+            self._state = "closed"
+            client, self._client = self._client, None
+            self._subs.clear()
+            self._orphans.clear()
+            self._acks.notify_all()
+        if client is not None:
+            self._shutdown(client)
+        # Queued deliveries are dropped unacknowledged: the session keeps them for the next
+        # connection with this client id.
+        self._dispatcher.stop(timeout=self._publish_timeout)
+
+    # -- paho callbacks (network thread); never let an exception reach paho -----------------------
+
+    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any,
+                    reason_code: ReasonCode, properties: Any) -> None:
+        try:
+            if reason_code.is_failure:
+                with self._lock:
+                    self._connack_error = f"CONNACK {reason_code}"
+                self._connack.set()
+                log.warning("%s refused the connection: %s", self.where, reason_code)
+                return
+            with self._lock:
+                if self._state == "closed":
+                    return
+                reconnect = self._state == "disconnected"
+                self._state = "connected"
+                self.session_present = bool(flags.session_present)
+                resubscribe = [] if self.session_present else list(self._subs.values())
+            for sub in resubscribe:
+                # Inside the network thread: send only, do not wait for the SUBACK here.
+                client.subscribe(sub.topic, qos=1)
+            if reconnect:
+                log.info("reconnected to %s (session present: %s, %d re-subscribed)",
+                         self.where, self.session_present, len(resubscribe))
+            self._connack.set()
+        except Exception:
+            log.exception("internal error handling CONNACK from %s", self.where)
+
+    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any,
+                       reason_code: ReasonCode, properties: Any) -> None:
+        with self._lock:
+            if self._state != "connected":
+                return
+            self._state = "disconnected"
+            self._acks.notify_all()
+        log.warning("connection to %s lost (%s): paho reconnects", self.where, reason_code)
+
+    def _on_publish(self, client: paho.Client, userdata: Any, mid: int,
+                    reason_code: ReasonCode, properties: Any) -> None:
+        if not reason_code.is_failure:
+            return
+        with self._lock:
+            if mid in self._abandoned:
+                self._abandoned.discard(mid)
+                return
+            self._publish_failures[mid] = f"PUBACK {reason_code}"
+
+    def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int,
+                      reason_codes: Any, properties: Any) -> None:
+        with self._lock:
+            codes = reason_codes if isinstance(reason_codes, list) else [reason_codes]
+            self._suback[mid] = codes
+            self._acks.notify_all()
+
+    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
+        try:
+            try:
+                topic = msg.topic
+            except UnicodeDecodeError:
+                log.warning("PUBLISH with a topic that is not UTF-8 from %s left unacked",
+                            self.where)
+                return
+            with self._lock:
+                sub = self._match(topic)
+                if sub is None:
+                    self._hold(msg, topic)
+                else:
+                    # Submitted under the lock: subscribe() hands held messages over under it
+                    # too, so a resumed session's redeliveries stay ahead of new messages.
+                    self._submit(sub, msg, topic)
+        except Exception:
+            log.exception("internal error handling a PUBLISH from %s", self.where)
+
+    # -- deliveries -----------------------------------------------------------------------------
+
+    def _match(self, topic: str) -> _Subscription | None:
+        # Caller holds the lock. First matching subscription wins: one PUBLISH has one ack,
+        # so it is never handed to two callbacks.
+        for sub in self._subs.values():
+            if paho.topic_matches_sub(sub.topic, topic):
+                return sub
+        return None
+
+    def _hold(self, msg: paho.MQTTMessage, topic: str) -> None:
+        # Caller holds the lock.
+        if len(self._orphans) >= self._orphan_limit:
+            log.warning("PUBLISH on %r from %s matches no subscription and the hold limit (%d) "
+                        "is reached: left unacked, the broker resends it after a reconnect",
+                        topic, self.where, self._orphan_limit)
+            return
+        self._orphans.append(msg)
+
+    def _submit(self, sub: _Subscription, msg: paho.MQTTMessage, topic: str) -> None:
+        self._dispatcher.submit(lambda: self._dispatch(sub, msg, topic))
+
+    def _dispatch(self, sub: _Subscription, msg: paho.MQTTMessage, topic: str) -> None:
+        # On the delivery thread.
+        with self._lock:
+            current = self._subs.get(sub.id) is sub
+        if not current:
+            log.debug("PUBLISH on %r skipped: subscription %s has ended (left unacked)", topic,
+                      sub.id)
+            return
+        delivery = self._delivery(sub, msg, topic)
+        if sub.auto_ack and delivery.ack_token is not None:
+            # "auto": settled before the application sees it (at most once per callback).
+            self._ack_token(delivery.ack_token)
+            delivery.ack_token = None
+        try:
+            sub.callback(delivery)
+        except Exception:
+            log.exception("delivery callback of subscription %s (%s) raised; the message "
+                          "stays unacknowledged", sub.id, sub.address)
+
+    def _delivery(self, sub: _Subscription, msg: paho.MQTTMessage, topic: str) -> Delivery:
+        properties = getattr(msg, "properties", None)
+        headers, problems = read_user_properties(
+            properties, max_count=self._max_user_properties, max_bytes=self._max_property_bytes)
+        raw = dict(headers)
+        raw.update({"mqtt-topic": topic, "mqtt-mid": str(msg.mid), "mqtt-qos": str(msg.qos),
+                    "mqtt-dup": str(bool(msg.dup)).lower(),
+                    "mqtt-retain": str(bool(msg.retain)).lower()})
+        expiry = getattr(properties, "MessageExpiryInterval", None)
+        if isinstance(expiry, int):
+            raw["message-expiry-interval"] = str(expiry)
+        if problems:
+            raw[PROPERTY_ERRORS_KEY] = "; ".join(problems[:10])
+            log.warning("PUBLISH on %r from %s: %s", topic, self.where, raw[PROPERTY_ERRORS_KEY])
+        payload = msg.payload if isinstance(msg.payload, bytes) else bytes(msg.payload or b"")
+        message = Message.from_wire(topic_to_address(topic), payload, headers)
+        return Delivery(
+            message=message,
+            subscription_id=sub.id,
+            ack_token=(msg.mid, msg.qos) if msg.qos > 0 else None,
+            redelivered=bool(msg.dup),
+            native_delivery_count=None,
+            raw_headers=raw,
+        )
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def _publish_args(self, message: Message) -> tuple[str, bytes, Properties | None]:
+        topic = address_to_topic(message.address)
+        check_mqtt_string(topic, f"topic {topic!r}")
+        if "+" in topic or "#" in topic:
+            raise AdapterError(f"cannot publish to {message.address!r}: MQTT wildcards (+, #) "
+                               "are only for subscriptions")
+        headers = message.wire_headers()
+        if not self._v5:
+            if headers:
+                raise AdapterError(
+                    f"cannot send a message with headers ({', '.join(sorted(headers))}) to "
+                    f"{message.address!r} over MQTT 3.1.1, which has no properties; use MQTT 5 "
+                    "(protocol='5') or the broker's STOMP endpoint")
+            return topic, message.body, None
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        pairs: list[tuple[str, str]] = []
+        for key, value in headers.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise AdapterError(f"header {key!r} of a message to {message.address!r} is not "
+                                   "a string pair")
+            check_mqtt_string(key, f"header name {key[:40]!r} of a message to {message.address!r}")
+            check_mqtt_string(value, f"header {key[:40]!r} of a message to {message.address!r}")
+            pairs.append((key, value))
+        if pairs:
+            properties.UserProperty = pairs
+        if message.expiration:
+            remaining_ms = message.expiration - now_ms()
+            properties.MessageExpiryInterval = max(1, math.ceil(remaining_ms / 1000))
+        return topic, message.body, properties
+
+    def send(self, message: Message, *, transaction: str | None = None) -> None:
+        """Publish at QoS 1 and wait for the PUBACK (``publish_timeout``)."""
+        self.send_many((message,), transaction=transaction)
+
+    def send_many(self, messages: Iterable[Message], *, transaction: str | None = None) -> None:
+        """Publish all messages, then wait for all PUBACKs (pipelined)."""
+        if transaction is not None:
+            raise AdapterError("MQTT has no transactions")
+        prepared = [self._publish_args(m) for m in messages]
+        if not prepared:
+            return
+        client = self._require_client("send")
+        infos: list[paho.MQTTMessageInfo] = []
+        for topic, payload, properties in prepared:
+            info = client.publish(topic, payload, qos=1, properties=properties)
+            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                self._abandon([i.mid for i in infos])
+                raise AdapterError(
+                    f"publish to {topic!r} on {self.where} failed: {paho.error_string(info.rc)}"
+                    f"; {len(infos)} earlier message(s) of the batch are unconfirmed (paho "
+                    "keeps them queued)")
+            infos.append(info)
+        deadline = time.monotonic() + self._publish_timeout
+        failures: list[str] = []
+        unconfirmed: list[int] = []
+        for index, info in enumerate(infos):
+            with contextlib.suppress(RuntimeError, ValueError):
+                info.wait_for_publish(max(0.0, deadline - time.monotonic()))
+            if not info.is_published():
+                unconfirmed.append(info.mid)
+                failures.append(f"#{index}: no PUBACK within {self._publish_timeout:g}s")
+                continue
+            with self._lock:
+                failure = self._publish_failures.pop(info.mid, None)
+            if failure is not None:
+                failures.append(f"#{index}: {failure}")
+        self._abandon(unconfirmed)
+        if failures:
+            raise AdapterError(f"{len(failures)} of {len(infos)} publish(es) to {self.where} "
+                               f"failed: {'; '.join(failures[:5])}")
+
+    def _abandon(self, mids: list[int]) -> None:
+        with self._lock:
+            self._abandoned.update(mids)
+            if len(self._abandoned) > 65535:  # mids wrap at 65535: old entries are meaningless
+                self._abandoned.clear()
+            if len(self._publish_failures) > 65535:
+                self._publish_failures.clear()
+
+    def _require_client(self, action: str) -> paho.Client:
+        with self._lock:
+            client = self._client
+            state = self._state
+        if client is not None and state == "connected" and client.is_connected():
+            return client
+        why = {"closed": "the adapter is closed", "new": "connect() has not been called"}.get(
+            state, "the connection was lost and paho is reconnecting")
+        raise AdapterError(f"cannot {action} on {self.where}: {why}")
+
+    # -- subscriptions --------------------------------------------------------------------------
+
+    def subscribe(self, address: str, callback: DeliveryCallback,
+                  options: SubscribeOptions | None = None) -> str:
+        """SUBSCRIBE at QoS 1 and wait for the SUBACK.
+
+        ``ack`` may be ``client-individual`` (default) or ``auto`` (acked before the callback);
+        MQTT has no cumulative ``client`` mode, selectors, browsing or subscribe headers.
+        """
+        opts = options or SubscribeOptions()
+        if opts.ack not in ("client-individual", "auto"):
+            raise AdapterError(f"ack mode {opts.ack!r} is not available over MQTT (use "
+                               "client-individual or auto)")
+        if opts.selector is not None or opts.browse or opts.headers:
+            raise AdapterError("MQTT subscriptions take no selector, browse or headers")
+        topic = address_to_topic(address)
+        client = self._require_client("subscribe")
+        sub = _Subscription(f"sub-{next(self._ids)}", address, topic, callback,
+                            auto_ack=opts.ack == "auto")
+        with self._lock:
+            if any(s.topic == topic for s in self._subs.values()):
+                raise AdapterError(f"{address!r} is already subscribed on this adapter")
+            self._subs[sub.id] = sub
+            # Messages a resumed session pushed before this subscribe() (see _hold).
+            for held in [m for m in self._orphans if paho.topic_matches_sub(topic, m.topic)]:
+                self._orphans.remove(held)
+                self._submit(sub, held, held.topic)
+        try:
+            self._await_ack(client.subscribe(topic, qos=1),
+                            f"SUBSCRIBE to {topic!r}")
+        except BaseException:
+            with self._lock:
+                self._subs.pop(sub.id, None)
+            raise
+        return sub.id
+
+    def _await_ack(self, result: tuple[MQTTErrorCode, int | None], what: str) -> None:
+        rc, mid = result
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+            raise AdapterError(f"{what} on {self.where} failed: {paho.error_string(rc)}")
+        deadline = time.monotonic() + self._connect_timeout
+        with self._acks:
+            while mid not in self._suback:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._state == "closed":
+                    raise AdapterError(f"no acknowledgement of {what} from {self.where} within "
+                                       f"{self._connect_timeout:g}s")
+                self._acks.wait(remaining)
+            codes = self._suback.pop(mid)
+        failed = [str(code) for code in codes if getattr(code, "is_failure", False)]
+        if failed:
+            raise AdapterError(f"{what} refused by {self.where}: {', '.join(failed)}")
+
+    def unsubscribe(self, subscription_id: str) -> None:
+        """UNSUBSCRIBE and wait for the UNSUBACK; unknown ids are ignored."""
+        with self._lock:
+            sub = self._subs.pop(subscription_id, None)
+        if sub is None:
+            return
+        client = self._require_client("unsubscribe")
+        self._await_ack(client.unsubscribe(sub.topic), f"UNSUBSCRIBE from {sub.topic!r}")
+
+    # -- acknowledgements -----------------------------------------------------------------------
+
+    def _ack_token(self, token: Any) -> None:
+        client = self._require_client("ack")
+        mid, qos = token
+        rc = client.ack(mid, qos)
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            raise AdapterError(f"PUBACK for message {mid} to {self.where} failed: "
+                               f"{paho.error_string(rc)}; the broker resends it after a "
+                               "reconnect")
+
+    def ack(self, delivery: Delivery, *, transaction: str | None = None) -> None:
+        """PUBACK the delivery (a no-op for QoS 0 and ``auto`` deliveries)."""
+        if transaction is not None:
+            raise AdapterError("MQTT has no transactions")
+        if delivery.ack_token is not None:
+            self._ack_token(delivery.ack_token)
+
+    def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
+        """Leave the delivery unacknowledged (MQTT has no NACK; see the module docstring).
+
+        The broker resends it only after the next reconnect of this session.
+        """
+        log.debug("nack of message %s on %s: left unacknowledged until the next reconnect",
+                  delivery.ack_token, delivery.message.address)
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def begin(self) -> str:
+        raise AdapterError("MQTT has no transactions (capabilities.transactions is False)")
+
+    def commit(self, transaction: str) -> None:
+        raise AdapterError("MQTT has no transactions (capabilities.transactions is False)")
+
+    def abort(self, transaction: str) -> None:
+        raise AdapterError("MQTT has no transactions (capabilities.transactions is False)")

@@ -1,0 +1,1234 @@
+"""STOMP 1.2 adapter on stomp.py, for ActiveMQ Classic, RabbitMQ and ActiveMQ Artemis.
+
+URL: ``stomp://[user:pass@]host[:port][?vhost=/]`` (port 61613 by default) or ``stomp+ssl://``
+(61614). Credentials come from the URL or the ``login``/``passcode`` options and are never
+logged or put in an exception message (stomp.py 9 itself logs the CONNECT frame, passcode
+included, at DEBUG: this module installs a filter on the ``stomp.py`` logger that masks it).
+
+Addresses
+    A plain mqguard address ``orders.eu`` is the destination ``/queue/orders.eu``; an address
+    that starts with ``/`` (``/topic/x``, ``/exchange/amq.topic/k``, ``/amq/queue/q``) is used as
+    is. A delivery carries the address its subscriber used, whatever ``destination`` header
+    the broker put on the MESSAGE frame.
+
+What the brokers do (verified against ActiveMQ 5.17.2 and RabbitMQ 3.10.8 by the tests in
+``tests/adapters/test_stomp_adapter.py``; Artemis is declared from its documentation only, no
+server was available):
+
+=====================  ===================================  =====================================
+topic                  ActiveMQ Classic 5.17                RabbitMQ 3.10
+=====================  ===================================  =====================================
+CONNECTED ``server``   ``ActiveMQ/5.17.2``                  ``RabbitMQ/3.10.8``
+``host`` header        ignored                              the vhost: stomp.py must be given
+                                                            ``vhost`` (default ``/`` here) or it
+                                                            sends the host name and login fails
+``message-id``         stable across redeliveries           a per-delivery id (it *is* the ack
+                                                            id); a SEND carrying ``message-id``
+                                                            gets an ERROR, so it is never sent
+persistence            only with ``persistent:true``        ``persistent:true`` = delivery mode 2
+                       (sent by default here)               (sent by default here)
+native TTL             ``expires``: absolute epoch ms       ``expiration``: relative ms string;
+                       (0 = never); an expired message is   negative is a *connection* error. An
+                       never delivered (goes to             already expired message is sent with
+                       ActiveMQ.DLQ)                        ``1``: it dies on the queue unless a
+                                                            consumer is waiting at that very
+                                                            moment (the guard's own
+                                                            ``mqguard-expires`` check still
+                                                            catches that case)
+NACK                   a *poison ack*: straight to          requeues at once (``requeue:true``,
+                       ActiveMQ.DLQ, no redelivery          the default); ``requeue:false`` drops
+                       (``Capabilities.nack_requeue``       or dead-letters
+                       is False)
+delivery count         none; ``redelivered:true`` on a      quorum queues only: ``x-delivery-count``
+                       redelivery only                      is absent on the first delivery, then
+                                                            1, 2... (= earlier deliveries, counting
+                                                            both NACK-requeue and connection loss),
+                                                            so ``native_delivery_count`` is that+1
+ERROR frames           carry ``receipt-id``; most leave     never carry ``receipt-id``; some leave
+                       the connection open                  the connection open (bad destination,
+                                                            unknown transaction), channel errors
+                                                            (PRECONDITION_FAILED) close it
+transactions           in-tx SENDs are receipted at once    in-tx SENDs are receipted only at
+                                                            COMMIT (after the COMMIT's own receipt)
+selectors / browse     ``selector`` (JMS), ``browser:true``  not supported
+                       (ends with a ``browser:end`` frame)
+MESSAGE extras         ``expires``, ``priority``,           ``redelivered`` always; echoes the
+                       ``timestamp``, ``persistent``        SEND's ``receipt``/``transaction``/
+                                                            ``persistent``/``expiration``
+=====================  ===================================  =====================================
+
+Receipts and errors
+    Every SEND outside a transaction carries a ``receipt`` and :meth:`StompAdapter.send`
+    returns only once the RECEIPT is in; :meth:`StompAdapter.send_many` writes all frames first
+    and then waits for all receipts (pipelining). Because RabbitMQ's ERROR frames never name
+    the frame that caused them, an ERROR without ``receipt-id`` is charged to the *oldest*
+    outstanding receipt: frames are processed in order, so every earlier frame has had its
+    RECEIPT already. While a transaction is open such an ERROR taints the open transactions
+    instead (their SENDs carry no receipt), and :meth:`StompAdapter.commit` then rolls back.
+    A lost connection fails every outstanding receipt: a send never silently disappears.
+
+Transactions
+    SENDs and ACKs inside a transaction are not individually receipted: neither broker routes
+    them before COMMIT, and RabbitMQ only answers their receipts at COMMIT. To never commit half
+    a transaction, ``commit()`` first waits on a receipted BEGIN/ABORT of a throw-away
+    transaction (a barrier: its RECEIPT proves every earlier frame was processed, so any ERROR
+    caused by an in-transaction SEND has arrived), then sends a receipted COMMIT -- or an ABORT
+    and :class:`~mqguard.errors.TransactionRolledBack` if an ERROR tainted the transaction.
+
+Reconnection
+    When the connection drops (broker restart, heart-beat timeout, connection-level ERROR), the
+    adapter reconnects in the background with exponential backoff (``reconnect_attempts``,
+    ``reconnect_delay``, ``reconnect_max_delay``) and re-subscribes every subscription with its
+    original id and headers. Until then ``send()`` raises :class:`~mqguard.errors.AdapterError`
+    at once. Unacknowledged deliveries of the lost connection can no longer be acked (the
+    broker redelivers them); ``ack()`` of such a delivery raises AdapterError rather than
+    sending an ACK that RabbitMQ would punish by closing the connection.
+
+Threads
+    Delivery callbacks run on a delivery thread of the adapter's own (one per adapter, so one
+    at a time, in arrival order), not on stomp.py's receiver thread: the guard sends from
+    inside its callbacks (moving a message to a dead-letter address), and a send waits for a
+    RECEIPT that only the receiver thread can read. A slow callback therefore does not stall
+    receipts or heart-beats either. An exception in a callback is logged and the message stays
+    unacknowledged. Deliveries still queued when their connection drops are skipped (the
+    broker redelivers them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import stomp  # type: ignore[import-untyped]
+import stomp.exception  # type: ignore[import-untyped]
+import stomp.protocol  # type: ignore[import-untyped]
+
+from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
+from mqguard.errors import AdapterError, TransactionRolledBack
+from mqguard.message import Message, now_ms
+from mqguard.registry import redact_url
+
+__all__ = ["BROKER_CAPABILITIES", "StompAdapter"]
+
+log = logging.getLogger("mqguard.adapters.stomp")
+
+#: Capabilities per detected broker. Artemis is from its documentation (no server to verify);
+#: ``unknown`` keeps to what STOMP 1.2 itself guarantees.
+BROKER_CAPABILITIES: Final[Mapping[str, Capabilities]] = {
+    "activemq": Capabilities(
+        transactions=True, nack_requeue=False, selectors=True, browse=True,
+        native_delivery_count=False, delayed_delivery=True, native_ttl=True,
+        stable_message_id=True, persistent=True,
+    ),
+    "rabbitmq": Capabilities(
+        transactions=True, nack_requeue=True, selectors=False, browse=False,
+        native_delivery_count=True, delayed_delivery=False, native_ttl=True,
+        stable_message_id=False, persistent=True,
+    ),
+    "artemis": Capabilities(
+        transactions=True, nack_requeue=False, selectors=True, browse=False,
+        native_delivery_count=False, delayed_delivery=False, native_ttl=True,
+        stable_message_id=True, persistent=True,
+    ),
+    "unknown": Capabilities(transactions=True),
+}
+
+ACK_MODES: Final = frozenset({"client-individual", "client", "auto"})
+
+DEFAULT_PORTS: Final = {"stomp": 61613, "stomp+ssl": 61614}
+
+#: SEND headers the adapter owns: an application header of that name would change the frame's
+#: meaning (routing, framing, receipts) or, for ``message-id``, make RabbitMQ send an ERROR.
+RESERVED_SEND_HEADERS: Final = frozenset(
+    {"destination", "receipt", "transaction", "content-length", "message-id", "subscription",
+     "ack", "id"}
+)
+#: SUBSCRIBE headers the adapter sets itself.
+RESERVED_SUBSCRIBE_HEADERS: Final = frozenset({"destination", "id", "ack", "receipt"})
+
+#: Headers the brokers put on MESSAGE frames (or echo from the SEND). They stay in
+#: ``Delivery.raw_headers`` but are not application headers, so a send/receive round trip
+#: returns exactly the application's headers. Consequently an application header named like
+#: one of these (``priority``, ``persistent``...) is interpreted by the broker and does not
+#: come back in ``Message.headers``.
+BROKER_MESSAGE_HEADERS: Final = frozenset(
+    {"destination", "subscription", "ack", "message-id", "content-length", "receipt",
+     "transaction", "redelivered", "persistent", "expires", "expiration", "priority",
+     "timestamp", "x-delivery-count", "browser"}
+)
+
+#: Longest ERROR body kept in an exception message (ActiveMQ sends whole Java stack traces).
+MAX_ERROR_BODY: Final = 600
+
+_HEADER_NAME_FORBIDDEN = re.compile(r"[:\r\n\\]")
+#: STOMP 1.2 header value escaping.
+_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
+#: Frames are written in chunks of about this size (one sendall() each).
+WRITE_CHUNK_BYTES: Final = 256 * 1024
+
+
+def _encode_send(destination: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+    """A SEND frame as bytes (header names are validated by the caller: nothing to escape)."""
+    lines = ["SEND", f"destination:{destination.translate(_ESCAPES)}"]
+    lines.extend(f"{key}:{value.translate(_ESCAPES)}" for key, value in headers.items())
+    if body:
+        lines.append(f"content-length:{len(body)}")
+    return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
+
+
+# -- credentials never reach a log ---------------------------------------------------------------
+
+class _PasscodeFilter(logging.Filter):
+    """Masks passcodes in stomp.py's own log records.
+
+    stomp.py 9 logs every outgoing frame at DEBUG through ``clean_lines``, whose masking regex
+    (``passcode:\\s+...``) needs a blank after the colon that a real frame never has, so the
+    CONNECT frame's passcode would be logged verbatim whenever DEBUG is on. The filter masks
+    ``passcode:`` up to the end of the header line and, to be safe with odd characters, every
+    passcode an adapter of this process was given.
+    """
+
+    _pattern = re.compile(r"(passcode:).*?(?=\\n|\n|'|\"|$)")
+    secrets: ClassVar[set[str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed record is the logging module's problem, not ours
+            return True
+        masked = self._pattern.sub(r"\1********", text) if "passcode" in text else text
+        for secret in self.secrets:
+            for form in {secret, repr(secret)[1:-1], repr(secret.encode())[2:-1]}:
+                if form in masked:
+                    masked = masked.replace(form, "********")
+        if masked != text:
+            record.msg = masked
+            record.args = None
+        return True
+
+
+def _install_passcode_filter() -> None:
+    stomp_logger = logging.getLogger("stomp.py")
+    if not any(isinstance(f, _PasscodeFilter) for f in stomp_logger.filters):
+        stomp_logger.addFilter(_PasscodeFilter())
+
+
+_install_passcode_filter()
+
+
+# -- internal state records ----------------------------------------------------------------------
+
+class _Batch:
+    """Receipts awaited together (one SEND, a pipelined batch, a COMMIT...)."""
+
+    __slots__ = ("done", "errors", "ids", "remaining")
+
+    def __init__(self, ids: list[str]) -> None:
+        self.ids = ids
+        self.remaining = len(ids)
+        self.errors: dict[int, str] = {}
+        self.done = threading.Event()
+        if not ids:
+            self.done.set()
+
+
+@dataclass(slots=True)
+class _Subscription:
+    id: str
+    address: str
+    destination: str
+    callback: DeliveryCallback
+    options: SubscribeOptions
+    ack: str
+    headers: dict[str, str]
+    browse_end: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(slots=True)
+class _Transaction:
+    id: str
+    generation: int
+    #: First ERROR that arrived while the transaction was open (its SENDs are unreceipted).
+    failure: str | None = None
+
+
+@dataclass(slots=True)
+class _Handshake:
+    done: threading.Event = field(default_factory=threading.Event)
+    server: str | None = None
+    error: str | None = None
+
+
+class _Dispatcher:
+    """Runs delivery callbacks on one thread of the adapter's own, in arrival order.
+
+    Not on stomp.py's receiver thread: a callback that sends (the guard moves a message to a
+    dead-letter address from inside its delivery callback) waits for a RECEIPT, and only the
+    receiver thread can read it. The queue is unbounded on purpose -- blocking the receiver
+    when it is full would bring that deadlock back; the broker's prefetch window bounds it for
+    acknowledged subscriptions.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, args=(self._jobs,),
+                                            name=self._name, daemon=True)
+            self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def stop(self, timeout: float) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._jobs.put(None)
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:
+                log.exception("internal error in the delivery thread")
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    scheme: str
+    host: str
+    port: int
+    login: str | None
+    passcode: str | None
+    vhost: str
+
+
+def _parse_url(url: str) -> _Endpoint:
+    safe = redact_url(url)
+    parts = urlsplit(url)
+    if parts.scheme not in DEFAULT_PORTS:
+        raise AdapterError(f"STOMP adapter cannot use URL {safe!r}: scheme must be stomp:// or "
+                           "stomp+ssl://")
+    if not parts.hostname:
+        raise AdapterError(f"STOMP URL {safe!r} has no host")
+    try:
+        port = parts.port or DEFAULT_PORTS[parts.scheme]
+    except ValueError:
+        raise AdapterError(f"STOMP URL {safe!r} has an invalid port") from None
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(query) - {"vhost"})
+    if unknown:
+        raise AdapterError(f"STOMP URL {safe!r}: unknown query parameter(s) {', '.join(unknown)}; "
+                           "only 'vhost' is read from the URL, pass the rest as options")
+    return _Endpoint(
+        scheme=parts.scheme,
+        host=parts.hostname,
+        port=port,
+        login=unquote(parts.username) if parts.username else None,
+        passcode=unquote(parts.password) if parts.password is not None else None,
+        vhost=query.get("vhost") or "/",
+    )
+
+
+def detect_broker(server: str | None) -> str:
+    """Broker flavour from the CONNECTED frame's ``server`` header (``name/version ...``)."""
+    name = (server or "").split("/", 1)[0].strip().lower()
+    if name == "activemq":
+        return "activemq"
+    if name == "rabbitmq":
+        return "rabbitmq"
+    if "artemis" in name:  # "ActiveMQ-Artemis/2.x"
+        return "artemis"
+    return "unknown"
+
+
+def _describe_error(frame: Any) -> str:
+    headers: Mapping[str, str] = frame.headers
+    summary = headers.get("message", "").strip() or "(no message header)"
+    body = frame.body
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else str(body or "")
+    text = text.strip()
+    if len(text) > MAX_ERROR_BODY:
+        text = text[:MAX_ERROR_BODY] + "..."
+    return f"ERROR frame: {summary}" + (f" -- {text}" if text and text != summary else "")
+
+
+class _Listener(stomp.ConnectionListener):  # type: ignore[misc]
+    """Forwards stomp.py events of one connection (``generation``) to the adapter.
+
+    Every hook swallows and logs exceptions: stomp.py calls listeners on its receiver thread
+    and closes the socket if one raises.
+    """
+
+    def __init__(self, adapter: StompAdapter, generation: int) -> None:
+        self._adapter = adapter
+        self._generation = generation
+
+    def _guard(self, what: str, func: Any, *args: Any) -> None:
+        try:
+            func(self._generation, *args)
+        except Exception:
+            log.exception("internal error handling %s from %s", what, self._adapter.where)
+
+    def on_connected(self, frame: Any) -> None:
+        self._guard("CONNECTED", self._adapter._on_connected, frame)
+
+    def on_error(self, frame: Any) -> None:
+        self._guard("ERROR", self._adapter._on_error, frame)
+
+    def on_receipt(self, frame: Any) -> None:
+        self._guard("RECEIPT", self._adapter._on_receipt, frame)
+
+    def on_message(self, frame: Any) -> None:
+        self._guard("MESSAGE", self._adapter._on_message, frame)
+
+    def on_disconnected(self) -> None:
+        self._guard("disconnect", self._adapter._on_disconnected)
+
+    def on_heartbeat_timeout(self) -> None:
+        log.warning("heart-beat timeout on %s: reconnecting", self._adapter.where)
+
+
+class StompAdapter:
+    """mqguard :class:`~mqguard.adapter.Adapter` speaking STOMP 1.2 (see the module docstring).
+
+    Options (all keyword-only; the registry passes them as ``StompAdapter(url, **options)``):
+
+    ``login``, ``passcode``
+        Credentials; override the URL's. No login is sent when neither gives one (ActiveMQ
+        accepts that by default; RabbitMQ then uses ``stomp.default_user``).
+    ``vhost``
+        The ``host`` header, i.e. the RabbitMQ virtual host; overrides ``?vhost=``; default ``/``.
+    ``heartbeats``
+        ``(send_ms, receive_ms)``; default ``(10000, 10000)``; ``(0, 0)`` turns them off.
+    ``persistent``
+        Send ``persistent:true`` on every SEND (default True) unless the message has its own.
+    ``receipt_timeout``, ``connect_timeout``
+        Seconds to wait for a RECEIPT / the CONNECTED frame (default 10 each).
+    ``reconnect_attempts``, ``reconnect_delay``, ``reconnect_max_delay``
+        Background reconnection after a connection loss: attempts (default 10, 0 = never),
+        first delay and cap of the doubling backoff in seconds (0.2 and 5).
+    ``broker``
+        Force the broker flavour instead of detecting it from the CONNECTED ``server`` header.
+    ``ssl_ca_certs``, ``ssl_cert_file``, ``ssl_key_file``, ``ssl_verify``
+        TLS settings for ``stomp+ssl://``.
+    """
+
+    name = "stomp"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        login: str | None = None,
+        passcode: str | None = None,
+        vhost: str | None = None,
+        heartbeats: tuple[int, int] = (10000, 10000),
+        persistent: bool = True,
+        receipt_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        reconnect_attempts: int = 10,
+        reconnect_delay: float = 0.2,
+        reconnect_max_delay: float = 5.0,
+        broker: str | None = None,
+        ssl_ca_certs: str | None = None,
+        ssl_cert_file: str | None = None,
+        ssl_key_file: str | None = None,
+        ssl_verify: bool = True,
+    ) -> None:
+        endpoint = _parse_url(url)
+        self.url = redact_url(url)
+        #: Where the adapter connects, for messages (never contains a password).
+        self.where = f"STOMP broker at {endpoint.host}:{endpoint.port}"
+        if broker is not None and broker not in BROKER_CAPABILITIES:
+            raise AdapterError(f"unknown broker {broker!r} for {self.where}; expected one of "
+                               f"{', '.join(sorted(BROKER_CAPABILITIES))}")
+        if len(heartbeats) != 2 or min(heartbeats) < 0:
+            raise AdapterError(f"heartbeats must be two non-negative ms values, got {heartbeats!r}")
+        if receipt_timeout <= 0 or connect_timeout <= 0:
+            raise AdapterError("receipt_timeout and connect_timeout must be positive")
+        self._endpoint = endpoint
+        self._login = login if login is not None else endpoint.login
+        self._passcode = passcode if passcode is not None else endpoint.passcode
+        self._vhost = vhost if vhost is not None else endpoint.vhost
+        self._heartbeats = (int(heartbeats[0]), int(heartbeats[1]))
+        self._persistent = persistent
+        self._receipt_timeout = receipt_timeout
+        self._connect_timeout = connect_timeout
+        self._reconnect_attempts = max(0, int(reconnect_attempts))
+        self._reconnect_delay = max(0.0, reconnect_delay)
+        self._reconnect_max_delay = max(self._reconnect_delay, reconnect_max_delay)
+        self._forced_broker = broker
+        if self._passcode:
+            _PasscodeFilter.secrets.add(self._passcode)
+        self._ssl = {"ca_certs": ssl_ca_certs, "cert_file": ssl_cert_file,
+                     "key_file": ssl_key_file, "verify": ssl_verify}
+
+        #: Detected (or forced) broker flavour; ``unknown`` until connected.
+        self.broker = broker or "unknown"
+        #: The CONNECTED frame's ``server`` header, e.g. ``RabbitMQ/3.10.8``.
+        self.server = ""
+
+        # One lock guards all mutable state below. It is never held during socket I/O: the
+        # receiver thread needs it to resolve receipts, and a writer blocked in sendall()
+        # while holding it could deadlock against a broker waiting for us to read.
+        self._lock = threading.RLock()
+        self._conn: Any = None
+        self._generation = 0
+        self._state = "new"  # new | connecting | connected | reconnecting | failed | closed
+        self._handshake: _Handshake | None = None
+        self._subs: dict[str, _Subscription] = {}
+        self._pending: dict[str, tuple[_Batch, int]] = {}
+        self._unacked: dict[str, str] = {}  # ack id -> subscription id, current connection only
+        self._transactions: dict[str, _Transaction] = {}
+        self._last_error: str | None = None
+        self._stop = threading.Event()
+        self._reconnect_thread: threading.Thread | None = None
+        self._connected = threading.Event()
+        self._dispatcher = _Dispatcher("mqguard-stomp-deliveries")
+        #: STOMP sessions established so far (1 after connect(), +1 per reconnect).
+        self.sessions = 0
+        self._prefix = os.urandom(4).hex()
+        self._ids = itertools.count(1)
+
+    # -- introspection --------------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return BROKER_CAPABILITIES[self.broker]
+
+    @property
+    def connected(self) -> bool:
+        """True while a STOMP session is up (False while reconnecting)."""
+        return self._state == "connected"
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Wait until the adapter is connected (e.g. after a background reconnect)."""
+        return self._connected.wait(timeout)
+
+    def _new_id(self, kind: str) -> str:
+        return f"{kind}-{self._prefix}-{next(self._ids)}"
+
+    # -- connection lifecycle -------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Connect and log in; AdapterError (credentials redacted) on failure.
+
+        Calling it while connected does nothing, while a (re)connection is in progress waits
+        for it; after :meth:`close` it opens a new session.
+        """
+        with self._lock:
+            state = self._state
+        if state == "connected":
+            return
+        if state in ("connecting", "reconnecting"):  # another thread is at it: wait for it
+            if not self._connected.wait(self._connect_timeout):
+                raise AdapterError(f"{self.where}: not connected after waiting "
+                                   f"{self._connect_timeout:g}s for a connection in progress")
+            return
+        with self._lock:
+            if self._state == "closed":
+                self._state = "new"
+            self._stop.clear()
+            self._dispatcher.start()
+        # Re-subscribes what survived a failed background reconnect; none after close().
+        self._open(resubscribe=True, expected=("new", "failed"))
+
+    def _new_connection(self) -> Any:
+        ep = self._endpoint
+        conn = stomp.Connection12(
+            [(ep.host, ep.port)],
+            heartbeats=self._heartbeats,
+            vhost=self._vhost,
+            # Bodies are bytes: stomp.py's default would decode them as UTF-8 (lossy).
+            auto_decode=False,
+            # One TCP attempt per _open(): the adapter does its own backoff and re-subscribes.
+            reconnect_attempts_max=1,
+            timeout=self._connect_timeout,
+            try_loopback_connect=False,
+        )
+        if ep.scheme == "stomp+ssl":
+            conn.set_ssl(for_hosts=[(ep.host, ep.port)], key_file=self._ssl["key_file"],
+                         cert_file=self._ssl["cert_file"], ca_certs=self._ssl["ca_certs"],
+                         verify=bool(self._ssl["verify"]))
+        return conn
+
+    def _open(self, *, resubscribe: bool, expected: tuple[str, ...]) -> None:
+        handshake = _Handshake()
+        with self._lock:
+            # Checked and changed atomically: close() may run while a reconnect is starting.
+            if self._state not in expected:
+                raise AdapterError(f"not connecting to {self.where}: the adapter is "
+                                   f"{self._state}")
+            previous = self._state
+            self._generation += 1
+            generation = self._generation
+            self._handshake = handshake
+            self._state = "connecting"
+            self._last_error = None
+        conn = self._new_connection()
+        conn.set_listener("mqguard", _Listener(self, generation))
+        with self._lock:
+            self._conn = conn
+        try:
+            try:
+                conn.connect(username=self._login, passcode=self._passcode, wait=False)
+            except (stomp.exception.StompException, OSError) as exc:
+                raise AdapterError(f"cannot connect to {self.where}: "
+                                   f"{type(exc).__name__} (is the broker running?)") from None
+            if not handshake.done.wait(self._connect_timeout):
+                raise AdapterError(f"{self.where} sent no CONNECTED frame within "
+                                   f"{self._connect_timeout:g}s")
+            if handshake.error is not None:
+                raise AdapterError(f"{self.where} refused the connection: {handshake.error}")
+            with self._lock:
+                self.server = handshake.server or ""
+                self.broker = self._forced_broker or detect_broker(handshake.server)
+                subs = list(self._subs.values()) if resubscribe else []
+            for sub in subs:
+                self._subscribe_on(conn, sub)
+            with self._lock:
+                if self._generation != generation or self._state != "connecting":
+                    raise AdapterError(f"connection to {self.where} was lost while connecting: "
+                                       f"{self._last_error or 'closed by the broker'}")
+                self._state = "connected"
+                self.sessions += 1
+                self._connected.set()
+            log.info("connected to %s (%s, server %r, vhost %r)", self.where, self.broker,
+                     self.server, self._vhost)
+        except BaseException:
+            with self._lock:
+                if self._generation == generation:
+                    self._generation += 1  # late events of this connection are now ignored
+                if self._conn is conn:
+                    self._conn = None
+                if self._state == "connecting":
+                    self._state = previous
+            self._drop(conn)
+            raise
+
+    @staticmethod
+    def _drop(conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            conn.transport.disconnect_socket()
+
+    def close(self) -> None:
+        """DISCONNECT with a receipt (bounded by ``receipt_timeout``) and end all subscriptions.
+
+        Safe to call twice. Unacknowledged deliveries are redelivered by the broker.
+        """
+        with self._lock:
+            if self._state == "closed":
+                return
+            was_connected = self._state == "connected"
+            self._state = "closed"
+            self._stop.set()
+            self._connected.clear()
+            conn, self._conn = self._conn, None
+            self._generation += 1
+            thread = self._reconnect_thread
+        if conn is not None:
+            if was_connected:
+                rid = self._new_id("disconnect")
+                batch = self._register([rid])
+                try:
+                    # Protocol12.disconnect only sends the frame; Connection12.disconnect would
+                    # then wait for the receiver thread without any timeout.
+                    stomp.protocol.Protocol12.disconnect(conn, receipt=rid)
+                    if not batch.done.wait(self._receipt_timeout):
+                        log.warning("no RECEIPT for DISCONNECT from %s within %gs", self.where,
+                                    self._receipt_timeout)
+                except Exception as exc:
+                    log.debug("DISCONNECT to %s failed: %r", self.where, exc)
+            self._drop(conn)
+        with self._lock:
+            self._fail_pending(f"adapter for {self.where} was closed")
+            self._subs.clear()
+            self._unacked.clear()
+            self._transactions.clear()
+        # Queued deliveries are dropped unacknowledged: the broker redelivers them.
+        self._dispatcher.stop(timeout=self._receipt_timeout)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self._connect_timeout + 1)
+
+    # -- events from the receiver thread --------------------------------------------------------
+
+    def _on_connected(self, generation: int, frame: Any) -> None:
+        with self._lock:
+            if generation != self._generation or self._handshake is None:
+                return
+            self._handshake.server = frame.headers.get("server", "")
+            self._handshake.done.set()
+
+    def _on_receipt(self, generation: int, frame: Any) -> None:
+        rid = frame.headers.get("receipt-id")
+        if rid is not None:
+            with self._lock:
+                self._resolve(rid, None)
+
+    def _on_error(self, generation: int, frame: Any) -> None:
+        text = _describe_error(frame)
+        rid = frame.headers.get("receipt-id")
+        with self._lock:
+            if generation != self._generation:
+                return
+            self._last_error = text
+            if self._state == "connecting" and self._handshake is not None \
+                    and not self._handshake.done.is_set():
+                self._handshake.error = text
+                self._handshake.done.set()
+                return
+            if rid is not None and self._resolve(rid, text):
+                return
+            # No receipt-id (always so on RabbitMQ): see the module docstring.
+            open_txs = [tx for tx in self._transactions.values() if tx.generation == generation]
+            if open_txs:
+                for tx in open_txs:
+                    if tx.failure is None:
+                        tx.failure = text
+                log.warning("%s from %s while transaction(s) %s open: they will roll back",
+                            text, self.where, ", ".join(tx.id for tx in open_txs))
+                return
+            if self._pending:
+                self._resolve(next(iter(self._pending)), text)
+                return
+        log.error("%s from %s, not tied to any request", text, self.where)
+
+    def _on_disconnected(self, generation: int) -> None:
+        with self._lock:
+            if generation != self._generation:
+                return
+            if self._state == "connecting":
+                if self._handshake is not None and not self._handshake.done.is_set():
+                    self._handshake.error = self._last_error or "connection closed by the broker"
+                    self._handshake.done.set()
+                self._generation += 1
+                return
+            if self._state != "connected":
+                return
+            reason = self._last_error or "connection closed"
+            self._generation += 1
+            self._conn = None
+            self._connected.clear()
+            self._fail_pending(f"connection to {self.where} lost before the RECEIPT "
+                               f"({reason}); the broker may or may not have the frame")
+            self._unacked.clear()  # the broker redelivers them; their ack ids are void
+            if self._reconnect_attempts == 0 or self._stop.is_set():
+                self._state = "failed"
+                log.error("connection to %s lost (%s); reconnecting is disabled", self.where,
+                          reason)
+                return
+            self._state = "reconnecting"
+            thread = threading.Thread(target=self._reconnect_loop, daemon=True,
+                                      name="mqguard-stomp-reconnect")
+            self._reconnect_thread = thread
+        log.warning("connection to %s lost (%s): reconnecting", self.where, reason)
+        thread.start()
+
+    def _reconnect_loop(self) -> None:
+        delay = self._reconnect_delay
+        for attempt in range(1, self._reconnect_attempts + 1):
+            if self._stop.wait(delay):
+                return
+            try:
+                self._open(resubscribe=True, expected=("reconnecting",))
+            except AdapterError as exc:
+                with self._lock:
+                    if self._state != "reconnecting":  # closed meanwhile
+                        return
+                log.warning("reconnect attempt %d/%d to %s failed: %s", attempt,
+                            self._reconnect_attempts, self.where, exc)
+                delay = min(max(delay * 2, 0.05), self._reconnect_max_delay)
+                continue
+            log.info("reconnected to %s after %d attempt(s), %d subscription(s) restored",
+                     self.where, attempt, len(self._subs))
+            return
+        with self._lock:
+            if self._state == "reconnecting":
+                self._state = "failed"
+        log.error("giving up on %s after %d reconnect attempts; call connect() to retry",
+                  self.where, self._reconnect_attempts)
+
+    def _on_message(self, generation: int, frame: Any) -> None:
+        headers: dict[str, str] = dict(frame.headers)
+        sub_id = headers.get("subscription", "")
+        with self._lock:
+            if generation != self._generation:
+                return
+            sub = self._subs.get(sub_id)
+            if sub is None:
+                log.debug("MESSAGE for unknown subscription %r from %s dropped (unacked, so the "
+                          "broker redelivers it)", sub_id, self.where)
+                return
+            if headers.get("browser") == "end":  # ActiveMQ: end of a browse, not a message
+                # Through the delivery thread, so it is set after the browsed messages.
+                self._dispatcher.submit(sub.browse_end.set)
+                return
+            ack_id = headers.get("ack")
+            if ack_id is not None and sub.ack != "auto":
+                self._unacked[ack_id] = sub_id
+            broker = self.broker
+        body = frame.body
+        if not isinstance(body, bytes):
+            body = str(body or "").encode("utf-8")
+        message = Message.from_wire(
+            sub.address, body,
+            {k: v for k, v in headers.items() if k not in BROKER_MESSAGE_HEADERS},
+            broker_message_id=headers.get("message-id"),
+        )
+        delivery = Delivery(
+            message=message,
+            subscription_id=sub_id,
+            ack_token=ack_id if sub.ack != "auto" else None,
+            redelivered=headers.get("redelivered") == "true",
+            native_delivery_count=self._native_count(broker, sub, headers),
+            raw_headers=headers,
+        )
+        self._dispatcher.submit(lambda: self._deliver(generation, sub, delivery))
+
+    def _deliver(self, generation: int, sub: _Subscription, delivery: Delivery) -> None:
+        # On the delivery thread.
+        with self._lock:
+            current = generation == self._generation and self._subs.get(sub.id) is sub
+        if not current:
+            # Its connection is gone (the broker redelivers it) or it was unsubscribed.
+            log.debug("delivery of %s on %s skipped: its connection or subscription has ended",
+                      delivery.message.message_id or delivery.ack_token, sub.address)
+            return
+        try:
+            sub.callback(delivery)
+        except Exception:
+            log.exception("delivery callback of subscription %s (%s) raised; the message stays "
+                          "unacknowledged", sub.id, sub.address)
+
+    @staticmethod
+    def _native_count(broker: str, sub: _Subscription, headers: Mapping[str, str]) -> int | None:
+        raw = headers.get("x-delivery-count")
+        if raw is not None and raw.isdigit():
+            # RabbitMQ counts the *earlier* deliveries: absent, then 1, 2...
+            return int(raw) + 1
+        if broker == "rabbitmq" and sub.headers.get("x-queue-type") == "quorum":
+            return 1  # a quorum queue omits the header on the first delivery
+        return None
+
+    # -- receipts -------------------------------------------------------------------------------
+
+    def _register(self, ids: list[str]) -> _Batch:
+        batch = _Batch(ids)
+        with self._lock:
+            for index, rid in enumerate(ids):
+                self._pending[rid] = (batch, index)
+        return batch
+
+    def _resolve(self, rid: str, error: str | None) -> bool:
+        # Caller holds the lock.
+        entry = self._pending.pop(rid, None)
+        if entry is None:
+            return False
+        batch, index = entry
+        if error is not None:
+            batch.errors[index] = error
+        batch.remaining -= 1
+        if batch.remaining <= 0:
+            batch.done.set()
+        return True
+
+    def _fail_pending(self, reason: str) -> None:
+        # Caller holds the lock.
+        for rid in list(self._pending):
+            self._resolve(rid, reason)
+
+    def _await(self, batch: _Batch, what: str) -> None:
+        if not batch.done.wait(self._receipt_timeout):
+            with self._lock:
+                missing = sum(1 for rid in batch.ids if self._pending.pop(rid, None) is not None)
+            raise AdapterError(f"no RECEIPT from {self.where} within {self._receipt_timeout:g}s "
+                               f"for {missing} of {len(batch.ids)} {what}; the broker may or "
+                               "may not have them")
+        if batch.errors:
+            first = min(batch.errors)
+            if len(batch.ids) == 1:
+                raise AdapterError(f"{what} failed on {self.where}: {batch.errors[first]}")
+            raise AdapterError(
+                f"{len(batch.errors)} of {len(batch.ids)} {what} failed on {self.where} "
+                f"(indexes {sorted(batch.errors)[:20]}); first, #{first}: {batch.errors[first]}")
+
+    def _require_conn(self, action: str) -> Any:
+        # Caller holds the lock.
+        if self._state == "connected" and self._conn is not None:
+            return self._conn
+        if self._state == "reconnecting":
+            why = f"the connection was lost ({self._last_error or 'closed'}) and is being restored"
+        elif self._state == "failed":
+            why = "the connection was lost and reconnecting failed; call connect()"
+        elif self._state == "closed":
+            why = "the adapter is closed"
+        else:
+            why = "connect() has not been called"
+        raise AdapterError(f"cannot {action} on {self.where}: {why}")
+
+    # -- sending --------------------------------------------------------------------------------
+
+    @staticmethod
+    def destination(address: str) -> str:
+        """STOMP destination of an mqguard address (``orders.eu`` -> ``/queue/orders.eu``)."""
+        if not address:
+            raise AdapterError("empty address")
+        return address if address.startswith("/") else f"/queue/{address}"
+
+    def _send_headers(self, message: Message, broker: str) -> dict[str, str]:
+        headers = message.wire_headers()
+        for key, value in headers.items():
+            if not isinstance(key, str) or not key or _HEADER_NAME_FORBIDDEN.search(key):
+                raise AdapterError(f"header name {key!r} of a message to {message.address!r} "
+                                   "cannot be sent over STOMP (empty, or contains ':', '\\' or a "
+                                   "line break)")
+            if not isinstance(value, str):
+                raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
+                                   f"{type(value).__name__}, not str")
+            if key in RESERVED_SEND_HEADERS:
+                raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
+                                   "reserved by STOMP/the adapter; rename it")
+        if self._persistent:
+            headers.setdefault("persistent", "true")
+        if message.expiration:
+            if broker in ("activemq", "artemis"):
+                headers["expires"] = str(message.expiration)
+            elif broker == "rabbitmq":
+                # Relative and >= 1: RabbitMQ closes the connection on a negative value.
+                headers["expiration"] = str(max(1, message.expiration - now_ms()))
+        return headers
+
+    def send(self, message: Message, *, transaction: str | None = None) -> None:
+        """Send one message; returns once the broker's RECEIPT arrived (outside a transaction).
+
+        Inside a transaction the SEND is not receipted (see :meth:`commit`). Raises
+        AdapterError on an ERROR frame, a receipt timeout or while disconnected.
+        """
+        self.send_many((message,), transaction=transaction)
+
+    def send_many(self, messages: Iterable[Message], *, transaction: str | None = None) -> None:
+        """Send several messages, writing all SEND frames before waiting for the receipts.
+
+        One round trip for the whole batch instead of one per message. Raises AdapterError if
+        any receipt is missing or an ERROR came back; the message names the failed indexes
+        (the others were confirmed).
+        """
+        batch_messages = list(messages)
+        if not batch_messages:
+            return
+        with self._lock:
+            conn = self._require_conn("send")
+            broker = self.broker
+            if transaction is not None:
+                tx = self._transactions.get(transaction)
+                if tx is None or tx.generation != self._generation:
+                    raise AdapterError(f"no open transaction {transaction!r} on {self.where}")
+                if tx.failure is not None:
+                    raise AdapterError(f"transaction {transaction} already failed: {tx.failure}")
+        frames = [(self.destination(m.address), m.body, self._send_headers(m, broker))
+                  for m in batch_messages]
+        if transaction is not None:
+            for _destination, _body, headers in frames:
+                headers["transaction"] = transaction
+            self._write(conn, frames)
+            return
+        ids = [self._new_id("send") for _ in frames]
+        for (_destination, _body, headers), rid in zip(frames, ids, strict=True):
+            headers["receipt"] = rid
+        batch = self._register(ids)
+        try:
+            self._write(conn, frames)
+        except AdapterError:
+            with self._lock:
+                for rid in ids:
+                    self._pending.pop(rid, None)
+            raise
+        what = "SEND frame" if len(ids) == 1 else "SEND frames"
+        self._await(batch, what)
+
+    def _write(self, conn: Any, frames: list[tuple[str, bytes, dict[str, str]]]) -> None:
+        transport = conn.transport
+        try:
+            if transport.blocking:
+                # Plain TCP: stomp.py writes to the socket under its own lock, frame by frame
+                # and through its listeners. Encoding here and writing whole chunks of frames
+                # per sendall() roughly doubles the pipelined send rate (send_many); frames
+                # never straddle a chunk, so other threads' frames cannot interleave inside one.
+                chunk: list[bytes] = []
+                size = 0
+                for destination, body, headers in frames:
+                    encoded = _encode_send(destination, body, headers)
+                    chunk.append(encoded)
+                    size += len(encoded)
+                    if size >= WRITE_CHUNK_BYTES:
+                        transport.send(b"".join(chunk))
+                        chunk, size = [], 0
+                if chunk:
+                    transport.send(b"".join(chunk))
+            else:
+                # TLS: stomp.py's I/O thread owns the socket; go through its own send path.
+                for destination, body, headers in frames:
+                    conn.send(destination, body, headers=headers)
+        except (stomp.exception.StompException, OSError) as exc:
+            raise AdapterError(f"cannot write to {self.where}: connection lost "
+                               f"({type(exc).__name__})") from None
+
+    # -- subscriptions --------------------------------------------------------------------------
+
+    def subscribe(self, address: str, callback: DeliveryCallback,
+                  options: SubscribeOptions | None = None) -> str:
+        """Subscribe (receipted, so a bad selector or destination raises AdapterError here).
+
+        ``options.prefetch`` becomes ``activemq.prefetchSize`` (ActiveMQ) or ``prefetch-count``
+        (RabbitMQ); ``selector`` and ``browse`` need the broker's capability. A browse is always
+        ``ack:auto`` (it consumes nothing); ActiveMQ's closing ``browser:end`` frame is not
+        passed on but sets :meth:`wait_browse_end`.
+        """
+        opts = options or SubscribeOptions()
+        if opts.ack not in ACK_MODES:
+            modes = ", ".join(sorted(ACK_MODES))
+            raise AdapterError(f"ack mode {opts.ack!r} is not one of {modes}")
+        bad = sorted(set(opts.headers) & RESERVED_SUBSCRIBE_HEADERS)
+        if bad:
+            raise AdapterError(f"SUBSCRIBE headers {', '.join(bad)} are set by the adapter")
+        with self._lock:
+            conn = self._require_conn("subscribe")
+            broker = self.broker
+            caps = self.capabilities
+        if opts.selector is not None and not caps.selectors:
+            raise AdapterError(f"{broker} does not support message selectors ({self.where})")
+        if opts.browse and not caps.browse:
+            raise AdapterError(f"{broker} does not support browsing ({self.where})")
+        headers = dict(opts.headers)
+        if opts.prefetch > 0:
+            if broker in ("activemq", "unknown"):
+                headers.setdefault("activemq.prefetchSize", str(opts.prefetch))
+            if broker in ("rabbitmq", "unknown"):
+                headers.setdefault("prefetch-count", str(opts.prefetch))
+        if opts.selector is not None:
+            headers["selector"] = opts.selector
+        if opts.browse:
+            headers["browser"] = "true"
+        sub = _Subscription(
+            id=self._new_id("sub"), address=address, destination=self.destination(address),
+            callback=callback, options=opts, ack="auto" if opts.browse else opts.ack,
+            headers=headers,
+        )
+        with self._lock:
+            self._subs[sub.id] = sub
+        try:
+            self._subscribe_on(conn, sub)
+        except BaseException:
+            with self._lock:
+                self._subs.pop(sub.id, None)
+            raise
+        return sub.id
+
+    def _subscribe_on(self, conn: Any, sub: _Subscription) -> None:
+        rid = self._new_id("subscribe")
+        batch = self._register([rid])
+        headers = dict(sub.headers)
+        headers["receipt"] = rid
+        try:
+            conn.subscribe(sub.destination, id=sub.id, ack=sub.ack, headers=headers)
+        except (stomp.exception.StompException, OSError) as exc:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise AdapterError(f"cannot subscribe on {self.where}: connection lost "
+                               f"({type(exc).__name__})") from None
+        self._await(batch, f"SUBSCRIBE to {sub.destination}")
+
+    def wait_browse_end(self, subscription_id: str, timeout: float) -> bool:
+        """For a ``browse`` subscription on ActiveMQ: wait until the browse has finished."""
+        with self._lock:
+            sub = self._subs.get(subscription_id)
+        if sub is None:
+            raise AdapterError(f"no subscription {subscription_id!r}")
+        return sub.browse_end.wait(timeout)
+
+    def unsubscribe(self, subscription_id: str) -> None:
+        """End a subscription (receipted). Unknown ids are ignored, so it is idempotent."""
+        with self._lock:
+            sub = self._subs.pop(subscription_id, None)
+            conn = self._conn if self._state == "connected" else None
+        if sub is None or conn is None:
+            return
+        rid = self._new_id("unsubscribe")
+        batch = self._register([rid])
+        try:
+            conn.unsubscribe(sub.id, headers={"receipt": rid})
+        except (stomp.exception.StompException, OSError):
+            with self._lock:
+                self._pending.pop(rid, None)
+            return  # the connection is gone, and the subscription with it
+        self._await(batch, f"UNSUBSCRIBE from {sub.destination}")
+
+    # -- acknowledgements -----------------------------------------------------------------------
+
+    def _take_ack(self, delivery: Delivery, action: str) -> tuple[Any, str]:
+        token = delivery.ack_token
+        if token is None:
+            raise AdapterError(f"cannot {action}: the delivery came from an ack:auto "
+                               "subscription (the broker acknowledged it on delivery)")
+        with self._lock:
+            conn = self._require_conn(action)
+            sub_id = self._unacked.pop(token, None)
+            if sub_id is None:
+                raise AdapterError(
+                    f"cannot {action} delivery {token!r}: it was already acknowledged, or it "
+                    "arrived over a connection that has since been lost (the broker "
+                    "redelivers it)")
+            sub = self._subs.get(sub_id)
+            if sub is not None and sub.ack == "client":
+                # Cumulative: this ACK/NACK also settles every earlier delivery of the
+                # subscription (dicts keep delivery order).
+                for other in [t for t, s in self._unacked.items() if s == sub_id]:
+                    if other == token:
+                        break
+                    del self._unacked[other]
+        return conn, token
+
+    def ack(self, delivery: Delivery, *, transaction: str | None = None) -> None:
+        """ACK a delivery (not receipted: acks are frequent and need no confirmation).
+
+        A no-op for ``ack:auto`` deliveries, which the broker settled itself.
+        """
+        if delivery.ack_token is None:
+            return
+        if transaction is not None:
+            with self._lock:
+                if transaction not in self._transactions:
+                    raise AdapterError(f"no open transaction {transaction!r} on {self.where}")
+        conn, token = self._take_ack(delivery, "ack")
+        try:
+            conn.ack(token, transaction=transaction)
+        except (stomp.exception.StompException, OSError) as exc:
+            raise AdapterError(f"cannot ack on {self.where}: connection lost "
+                               f"({type(exc).__name__}); the broker redelivers it") from None
+
+    def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
+        """NACK a delivery.
+
+        RabbitMQ: ``requeue:true`` puts it back at once, ``requeue:false`` drops or
+        dead-letters it. ActiveMQ 5: whatever ``requeue`` says, a NACK is a *poison ack* -- the
+        message goes straight to ActiveMQ.DLQ (``capabilities.nack_requeue`` is False), so the
+        guard must redeliver by other means there.
+        """
+        conn, token = self._take_ack(delivery, "nack")
+        extra = {"requeue": "true" if requeue else "false"} if self.broker == "rabbitmq" else {}
+        try:
+            conn.nack(token, **extra)
+        except (stomp.exception.StompException, OSError) as exc:
+            raise AdapterError(f"cannot nack on {self.where}: connection lost "
+                               f"({type(exc).__name__})") from None
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def begin(self) -> str:
+        """BEGIN a transaction (not receipted: an ERROR taints it and commit() rolls back)."""
+        tx_id = self._new_id("tx")
+        with self._lock:
+            conn = self._require_conn("begin a transaction")
+            self._transactions[tx_id] = _Transaction(tx_id, self._generation)
+        try:
+            conn.begin(transaction=tx_id)
+        except (stomp.exception.StompException, OSError) as exc:
+            with self._lock:
+                self._transactions.pop(tx_id, None)
+            raise AdapterError(f"cannot begin a transaction on {self.where}: connection lost "
+                               f"({type(exc).__name__})") from None
+        return tx_id
+
+    def _take_transaction(self, transaction: str, action: str) -> tuple[Any, _Transaction]:
+        with self._lock:
+            tx = self._transactions.get(transaction)
+            if tx is None:
+                raise AdapterError(f"cannot {action} {transaction!r}: no such open transaction "
+                                   f"on {self.where}")
+            if tx.generation != self._generation or self._state != "connected":
+                self._transactions.pop(transaction, None)
+                raise TransactionRolledBack(
+                    transaction, f"the connection to {self.where} was lost; the broker "
+                    "discarded the transaction")
+            return self._conn, tx
+
+    def commit(self, transaction: str) -> None:
+        """COMMIT (receipted) after a barrier that flushes any ERROR of the transaction's SENDs.
+
+        Raises :class:`~mqguard.errors.TransactionRolledBack` when the transaction is known
+        not to have been committed (an in-transaction SEND failed, so it was aborted instead;
+        the connection was lost), AdapterError when the outcome is unknown (no RECEIPT).
+        """
+        conn, tx = self._take_transaction(transaction, "commit")
+        try:
+            barrier, rid = self._new_id("barrier"), self._new_id("barrier")
+            batch = self._register([rid])
+            try:
+                conn.begin(transaction=barrier, headers={"receipt": rid})
+                conn.abort(transaction=barrier)
+            except (stomp.exception.StompException, OSError):
+                raise TransactionRolledBack(transaction, f"connection to {self.where} lost "
+                                            "before COMMIT") from None
+            try:
+                self._await(batch, "transaction barrier")
+            except AdapterError as exc:
+                with self._lock:
+                    connected = self._state == "connected" and tx.generation == self._generation
+                if not connected:
+                    raise TransactionRolledBack(transaction, str(exc)) from None
+                raise
+            with self._lock:
+                failure = tx.failure
+            if failure is not None:
+                with contextlib.suppress(AdapterError):
+                    self._finish(conn, "abort", transaction)
+                raise TransactionRolledBack(transaction, failure)
+            self._finish(conn, "commit", transaction)
+        finally:
+            with self._lock:
+                self._transactions.pop(transaction, None)
+
+    def abort(self, transaction: str) -> None:
+        """ABORT (receipted). A transaction lost with its connection is already discarded."""
+        try:
+            conn, _tx = self._take_transaction(transaction, "abort")
+        except TransactionRolledBack:
+            return
+        try:
+            self._finish(conn, "abort", transaction)
+        finally:
+            with self._lock:
+                self._transactions.pop(transaction, None)
+
+    def _finish(self, conn: Any, command: str, transaction: str) -> None:
+        rid = self._new_id(command)
+        batch = self._register([rid])
+        try:
+            getattr(conn, command)(transaction=transaction, headers={"receipt": rid})
+        except (stomp.exception.StompException, OSError):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise TransactionRolledBack(transaction, f"connection to {self.where} lost before "
+                                        f"{command.upper()}") from None
+        self._await(batch, f"{command.upper()} of {transaction}")
