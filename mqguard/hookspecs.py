@@ -151,7 +151,10 @@ def message_acknowledged(message: Message, ctx: HookContext, reason: AckReason) 
 
 @hookspec
 def message_nacked(message: Message, ctx: HookContext, requeue: bool) -> None:
-    """A delivery was negatively acknowledged to the broker."""
+    """The handler failed and no plugin decided: ``requeue=True`` means a requeueing NACK went
+    to the broker (RabbitMQ); ``requeue=False`` means the delivery was left unacknowledged
+    (ActiveMQ 5, whose NACK is a poison ack, and MQTT): the broker redelivers it after the
+    consumer reconnects."""
 
 
 @hookspec

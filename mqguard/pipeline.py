@@ -335,8 +335,13 @@ class Guard:
         self.hook.after_deliver(message=message, ctx=ctx, error=error)
         verdict = self.hook.on_handler_failure(message=message, ctx=ctx, error=error)
         if verdict is None:
-            requeue = True
-            adapter.nack(delivery, requeue=requeue)
+            # No plugin took charge. Only a broker whose NACK requeues gets one: an
+            # ActiveMQ 5 NACK is a poison ack (straight to ActiveMQ.DLQ) and MQTT has
+            # none, so there the delivery stays unacknowledged and the broker
+            # redelivers it when the consumer reconnects. Nothing is lost either way.
+            requeue = adapter.capabilities.nack_requeue
+            if requeue:
+                adapter.nack(delivery, requeue=True)
             self.events.emit(EventType.NACKED, message, queue=ctx.queue, requeue=requeue)
             self.hook.message_nacked(message=message, ctx=ctx, requeue=requeue)
         elif verdict.action is Action.CONTINUE:

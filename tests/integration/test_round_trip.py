@@ -144,3 +144,37 @@ def test_round_trip_with_redis_store(activemq_server: Any, redis_url: str, tmp_p
     assert sorted(int(m.body) for m in collector.messages) == list(range(10))
     totals = Counter(e["type"] for e in read_events(tmp_path / "events"))
     assert totals == {"sent": 10, "delivered": 10, "acked": 10}
+
+
+@pytest.mark.parametrize("broker_url", BROKERS[:2], indirect=True)
+def test_handler_failure_without_plugins_loses_nothing(broker_url: str, guard: Guard,
+                                                      tmp_path: Path, unique_name: str) -> None:
+    """No redelivery plugin: RabbitMQ gets a requeueing NACK; ActiveMQ (NACK = poison ack to
+    ActiveMQ.DLQ) gets none, the message stays unacknowledged and comes back on reconnect."""
+    failures: list[Message] = []
+
+    def fail(message: Message) -> None:
+        failures.append(message)
+        raise RuntimeError("handler failure")
+
+    with GuardedProducer(open_adapter(broker_url), guard) as producer:
+        sent = producer.send(unique_name, b"precious").message
+    with GuardedConsumer(open_adapter(broker_url), unique_name, fail, guard):
+        deadline = time.monotonic() + 10
+        while not failures and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert failures and failures[0].message_id == sent.message_id
+    collector = Collector(1)
+    with GuardedConsumer(open_adapter(broker_url), unique_name, collector, guard):
+        assert collector.done.wait(15), "the failed message was lost"
+        time.sleep(0.2)
+    assert collector.messages[0].message_id == sent.message_id
+    assert collector.messages[0].delivery_count >= 2
+    guard.events.flush()
+    nacked = [e for e in read_events(tmp_path / "events") if e["type"] == "nacked"]
+    probe = open_adapter(broker_url)
+    probe.connect()
+    requeues = probe.capabilities.nack_requeue
+    probe.close()
+    assert requeues is (probe.broker == "rabbitmq")
+    assert nacked and all(e["requeue"] is requeues for e in nacked)
