@@ -41,16 +41,18 @@ def recording_plugin(hook: str, result: Any = None) -> tuple[object, Recorder]:
     recorder = Recorder()
     params = list(inspect.signature(getattr(hookspecs, hook)).parameters)
 
-    def impl(*args: Any) -> Any:
-        # pluggy passes arguments positionally, in the order of our signature.
-        recorder.calls.append((hook, dict(zip(params, args, strict=True))))
+    def record(**kwargs: Any) -> Any:
+        recorder.calls.append((hook, kwargs))
         return result
 
-    # pluggy reads argument names from the signature, so build one that matches.
-    impl.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
+    # pluggy reads argument names from the function's code object (how, differs between
+    # pluggy versions), so generate a real function with exactly the spec's parameters.
+    source = (f"def {hook}({', '.join(params)}):\n"
+              f"    return record({', '.join(f'{p}={p}' for p in params)})\n")
+    namespace: dict[str, Any] = {"record": record}
+    exec(source, namespace)  # identifiers come from the hookspecs module only
     plugin = type(f"Record_{hook}", (), {})()
-    setattr(plugin, hook, hookimpl(impl))
+    setattr(plugin, hook, hookimpl(namespace[hook]))
     return plugin, recorder
 
 
