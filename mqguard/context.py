@@ -35,6 +35,9 @@ class HookContext:
     broker: str = "unknown"
     #: Raw frame headers on the deliver path, for broker-specific plugins.
     raw_headers: dict[str, str] | None = None
+    #: True on the send path when the message is part of a batch that
+    #: ``before_send_batch`` will see as a whole (work may be deferred to it).
+    batch: bool = False
 
     @property
     def store(self) -> Store:

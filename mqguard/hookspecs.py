@@ -79,6 +79,18 @@ def before_send(message: Message, ctx: HookContext) -> Verdict | None:
 
 
 @hookspec
+def before_send_batch(messages: list[Message], ctx: HookContext) -> dict[int, Verdict] | None:
+    """Decide about a whole batch at once, after ``before_send`` accepted each of ``messages``.
+
+    Called by :meth:`~mqguard.pipeline.Guard.send_batch` outside transactions, with
+    ``ctx.batch`` True (``before_send`` saw the same flag and may have deferred its
+    work to this hook, e.g. to check all duplicate ids in one store round trip).
+    Return ``{index: verdict}`` for the messages to refuse (DROP or REJECT); every
+    implementation is called and the verdicts are merged, the first per index wins.
+    """
+
+
+@hookspec
 def after_send(message: Message, ctx: HookContext) -> None:
     """The broker confirmed ``message`` (Artemis ``afterSend``).
 

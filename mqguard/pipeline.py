@@ -178,9 +178,11 @@ class Guard:
         results: list[SendResult] = []
         outgoing: list[tuple[Message, HookContext]] = []
         rejected: MessageRejected | None = None
+        batched = transaction is None and len(messages) > 1
         for message in messages:
             ctx = self.context(message.address, adapter.capabilities, role="producer",
                                transaction=tx_id, broker=adapter.broker)
+            ctx.batch = batched
             verdict = self.decide_send(message, ctx)
             if verdict.action is Action.REJECT:
                 results.append(SendResult(message, verdict))
@@ -196,10 +198,45 @@ class Guard:
             elif verdict.action is Action.CONTINUE:
                 outgoing.append((message, ctx))
             results.append(SendResult(message, verdict))
+        if batched and outgoing:
+            outgoing = self._decide_batch(adapter, outgoing, results)
         self._transmit(adapter, outgoing, transaction)
         if rejected is not None:
             raise rejected
         return results
+
+    def _decide_batch(self, adapter: Adapter, outgoing: list[tuple[Message, HookContext]],
+                      results: list[SendResult]) -> list[tuple[Message, HookContext]]:
+        """Run ``before_send_batch`` over the accepted messages; drop what it refuses."""
+        ctx = self.context(outgoing[0][0].address, adapter.capabilities, role="producer",
+                           broker=adapter.broker)
+        ctx.batch = True
+        verdicts: dict[int, Verdict] = {}
+        for answer in self.hook.before_send_batch(messages=[m for m, _ in outgoing], ctx=ctx):
+            for index, verdict in (answer or {}).items():
+                verdicts.setdefault(index, verdict)
+        if not verdicts:
+            return outgoing
+        by_message = {id(result.message): result for result in results}
+        kept: list[tuple[Message, HookContext]] = []
+        rejected: MessageRejected | None = None
+        for index, (message, message_ctx) in enumerate(outgoing):
+            verdict = verdicts.get(index)
+            if verdict is None or verdict.action is Action.CONTINUE:
+                kept.append((message, message_ctx))
+                continue
+            self._record_verdict(message, verdict, message_ctx)
+            result = by_message.get(id(message))
+            if result is not None:
+                result.verdict = verdict
+            if verdict.action is Action.REJECT and rejected is None:
+                rejected = MessageRejected(message.address, verdict.reason)
+        if rejected is not None:
+            # Keep send_batch's contract: what was accepted is sent, then the caller
+            # learns of the first rejection.
+            self._transmit(adapter, kept, None)
+            raise rejected
+        return kept
 
     def _transmit(self, adapter: Adapter, outgoing: list[tuple[Message, HookContext]],
                   transaction: TransactionState | None) -> None:

@@ -105,7 +105,40 @@ class DuplicateDetectionPlugin:
             return None
         if ctx.transaction is not None:
             return self._stage(message, ctx, duplicate_id, capacity)
+        if ctx.batch:
+            # Checked with the rest of the batch in one store call per address.
+            return self._too_long(duplicate_id)
         return self._check_now(message, ctx, message.address, duplicate_id, capacity)
+
+    @hookimpl
+    def before_send_batch(self, messages: list[Message], ctx: HookContext
+                          ) -> dict[int, Verdict] | None:
+        """One atomic check-and-add per address for every duplicate id of the batch."""
+        groups: dict[str, list[tuple[int, str]]] = {}
+        for index, message in enumerate(messages):
+            if BRIDGE_DUPLICATE_ID_HEADER in message.headers:
+                continue  # checked at once in before_send
+            duplicate_id = self.duplicate_id_of(message)
+            if duplicate_id is not None:
+                groups.setdefault(message.address, []).append((index, duplicate_id))
+        verdicts: dict[int, Verdict] = {}
+        for address, entries in groups.items():
+            capacity = ctx.guard.settings.resolve(address).id_cache_size
+            if capacity == 0:
+                continue
+            flags = ctx.store.ring_check_and_add(
+                address, [id_digest(dup) for _, dup in entries], capacity)
+            for (index, duplicate_id), duplicate in zip(entries, flags, strict=True):
+                if duplicate:
+                    verdicts[index] = self._duplicate(messages[index], address, duplicate_id)
+        return verdicts or None
+
+    def _duplicate(self, message: Message, cache: str, duplicate_id: str) -> Verdict:
+        log.warning("Duplicate message detected - message will not be routed: address=%s "
+                    "duplicate_id=%r message_id=%s", message.address, duplicate_id,
+                    message.message_id)
+        return Verdict.drop(f"duplicate id {duplicate_id!r} already in the cache of {cache}",
+                            event=DUPLICATE_EVENT)
 
     def _too_long(self, duplicate_id: str) -> Verdict | None:
         if len(duplicate_id) > MAX_ID_LENGTH:
@@ -120,13 +153,10 @@ class DuplicateDetectionPlugin:
         (duplicate,) = ctx.store.ring_check_and_add(cache, [id_digest(duplicate_id)], capacity)
         if not duplicate:
             return None
-        reason = f"duplicate id {duplicate_id!r} already in the cache of {cache}"
         if ctx.transaction is not None:
+            reason = f"duplicate id {duplicate_id!r} already in the cache of {cache}"
             return Verdict.reject(f"{TX_ERROR_CODE}: {reason}", event=DUPLICATE_EVENT)
-        log.warning("Duplicate message detected - message will not be routed: address=%s "
-                    "duplicate_id=%r message_id=%s", message.address, duplicate_id,
-                    message.message_id)
-        return Verdict.drop(reason, event=DUPLICATE_EVENT)
+        return self._duplicate(message, cache, duplicate_id)
 
     def _stage(self, message: Message, ctx: HookContext, duplicate_id: str,
                capacity: int) -> Verdict | None:

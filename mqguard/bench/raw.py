@@ -70,7 +70,8 @@ def stomp_produce(url: str, address: str, bodies: list[bytes], batch: int) -> fl
                 receipt = f"r{i}"
                 with listener.cond:
                     listener.pending.add(receipt)
-                conn.send(destination, body, headers={"persistent": "true", "receipt": receipt})
+                conn.send(destination, body, headers={"persistent": "true", "receipt": receipt,
+                                                      "_AMQ_DUPL_ID": f"{address}-{i}"})
             listener.wait()
         return time.perf_counter() - started
     finally:

@@ -185,3 +185,47 @@ def test_shrinking_id_cache_size_keeps_newest(tmp_path: Path) -> None:
     assert small_producer.send("r", b"", duplicate_id="a").sent  # oldest dropped
     big.close()
     small.close()
+
+
+def test_batch_checks_every_id_in_one_call(setup) -> None:
+    guard, adapter, producer = setup
+    calls: list[int] = []
+    check = guard.store.ring_check_and_add
+
+    def counting(name, ids, capacity):
+        calls.append(len(ids))
+        return check(name, ids, capacity)
+
+    guard.store.ring_check_and_add = counting  # type: ignore[method-assign]
+    producer.send("q", b"old", duplicate_id="old")
+    batch = [producer.message("q", f"{dup}-{n}".encode(), duplicate_id=dup)
+             for n, dup in enumerate(["a", "b", "a", "old", "c"])]
+    batch.append(producer.message("q", b"no-id"))
+    results = producer.send_batch(batch)
+    assert [r.sent for r in results] == [True, True, False, False, True, True]
+    assert calls == [1, 5]  # the single send, then the whole batch at once
+    assert [m.body for m in adapter.loop.drain("q")] == [
+        b"old", b"a-0", b"b-1", b"c-4", b"no-id"]
+    assert kinds(guard).count("duplicate_rejected") == 2
+
+
+def test_batch_message_rejected_by_another_plugin_takes_no_slot(setup) -> None:
+    from mqguard import hookimpl
+    from mqguard.errors import MessageRejected
+    from mqguard.verdict import Verdict
+
+    guard, adapter, producer = setup
+
+    class RefuseBad:
+        @hookimpl
+        def before_send(self, message):
+            return Verdict.reject("bad") if message.body == b"bad" else None
+
+    guard.plugins.register(RefuseBad())
+    batch = [producer.message("q", b"ok", duplicate_id="x"),
+             producer.message("q", b"bad", duplicate_id="y")]
+    with pytest.raises(MessageRejected):
+        producer.send_batch(batch)
+    # The accepted message before the rejection was sent and cached; the rejected one not.
+    assert guard.store.ring_contains("q", [id_digest("x"), id_digest("y")]) == [True, False]
+    assert [m.body for m in adapter.loop.drain("q")] == [b"ok"]

@@ -96,6 +96,18 @@ def test_hook_before_send(guard: Guard, adapter: LoopbackAdapter) -> None:
     assert isinstance(kwargs["ctx"], HookContext) and kwargs["ctx"].role == "producer"
 
 
+def test_hook_before_send_batch(guard: Guard, adapter: LoopbackAdapter) -> None:
+    recorder = register(guard, "before_send_batch", {1: Verdict.drop("second refused")})
+    producer = GuardedProducer(adapter, guard)
+    batch = [producer.message("q", body) for body in (b"0", b"1", b"2")]
+    results = producer.send_batch(batch)
+    assert [r.sent for r in results] == [True, False, True]
+    assert [m.body for m in recorder.kwargs("before_send_batch")["messages"]] == [
+        b"0", b"1", b"2"]
+    assert recorder.kwargs("before_send_batch")["ctx"].batch is True
+    assert [m.body for m in adapter.loop.drain("q")] == [b"0", b"2"]
+
+
 def test_hook_after_send(guard: Guard, adapter: LoopbackAdapter) -> None:
     recorder = register(guard, "after_send")
     sent = GuardedProducer(adapter, guard).send("q", b"x").message
