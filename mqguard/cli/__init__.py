@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 import click
 
@@ -22,6 +24,9 @@ def main(verbose: int) -> None:
     Duplicate-ID rejection, delivery counting with dead-letter routing, message
     expiry and redistribution, as plugins around your existing broker.
     """
+    # SIGTERM must unwind like Ctrl-C, so that the local servers a command started
+    # (demo, bench) are stopped by its `finally` blocks instead of being orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
