@@ -27,9 +27,12 @@ import shutil
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from mqguard.message import Message
 
@@ -117,15 +120,16 @@ class EventLog:
         # bounded and nothing is dropped when the disk is slow.
         self._max_pending = buffer_events * 16
         self._fsync = fsync
-        self._pending: list[dict[str, Any]] = []
-        self._pending_lock = threading.Lock()
+        # A deque, not a list under a lock: append and popleft are atomic, so emit()
+        # takes no lock at all, and flush() can drain it while emitters keep appending.
+        self._pending: deque[dict[str, Any]] = deque()
+        self._flush_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._wakeup = threading.Event()
         self._closed = False
         self._file = open(self.path, "ab")  # noqa: SIM115 - owned for the log's lifetime
         self._size = self._file.tell()
         self._rotation = self._next_rotation_number()
-        self.emitted = 0
         self._writer = threading.Thread(target=self._run, name="mqguard-eventlog", daemon=True)
         self._writer.start()
         _open_logs.add(self)
@@ -144,27 +148,29 @@ class EventLog:
                 record[key] = value
         if self._closed:
             raise RuntimeError(f"event log {self.path} is closed; event {event_type} not written")
-        with self._pending_lock:
-            self._pending.append(record)
-            self.emitted += 1
-            backlog = len(self._pending)
+        pending = self._pending
+        pending.append(record)
+        backlog = len(pending)
         if backlog >= self._buffer_events:
             self._wakeup.set()
-        if backlog >= self._max_pending:
-            self.flush()
+            if backlog >= self._max_pending:
+                self.flush()
 
     # -- writing --------------------------------------------------------------------
 
     def flush(self) -> None:
         """Write every pending event now."""
-        with self._pending_lock:
-            batch, self._pending = self._pending, []
-        if batch:
-            self._write(batch)
+        # One flusher at a time, so batches reach the file in emission order.
+        with self._flush_lock:
+            pending = self._pending
+            batch = [pending.popleft() for _ in range(len(pending))]
+            if batch:
+                self._write(batch)
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
-        data = "".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) + "\n"
-                       for r in batch).encode("utf-8")
+        # orjson: ~5x faster than json; the writer shares the GIL with the hot path.
+        data = b"".join([orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+                         for record in batch])
         with self._write_lock:
             self._file.write(data)
             self._file.flush()
@@ -235,11 +241,10 @@ class NullEventLog(EventLog):
 
     def __init__(self, node_id: str = "null") -> None:
         self.node_id = node_id
-        self.emitted = 0
 
     def emit(self, event_type: EventType | str, message: Message | None = None,
              **fields: Any) -> None:
-        self.emitted += 1
+        return None
 
     def flush(self) -> None:
         return None
