@@ -65,12 +65,26 @@ Broker identity
     (``begin()`` raises), no NACK requeue, no selectors, no browsing, no stable message id.
 
 Threads
-    Callbacks run on a delivery thread of the adapter's own (one at a time, in arrival order),
-    not on paho's network thread: a callback that sends waits for a PUBACK that only the
-    network thread can read. An exception in a callback is logged and the message stays
-    unacknowledged. paho reconnects by itself (with ``reconnect_min_delay``..
-    ``reconnect_max_delay`` backoff) and, when the broker lost the session, the adapter
-    re-subscribes.
+    Callbacks run inline on paho's network thread (the *delivery thread*: one at a time, in
+    arrival order): handing each one to another thread cost a large share of the consume
+    throughput. That thread is also the only one that reads PUBACKs and SUBACKs, so nothing
+    that waits for one can run in a callback: ``send``, ``send_many`` and ``subscribe`` called
+    there raise AdapterError at once (:meth:`MqttAdapter.on_delivery_thread` tells). ``ack``
+    and ``nack`` are fine there; ``unsubscribe`` and ``close`` work without waiting. Work that
+    must wait goes through :meth:`MqttAdapter.defer`, which runs it on the adapter's dispatcher
+    thread in submission order (the guard moves messages to dead-letter addresses that way),
+    or through another adapter (another connection): a handler that sends must use its own
+    producer. An exception in a callback is logged and the message stays unacknowledged.
+    Messages held for a later ``subscribe()`` are delivered on the dispatcher thread (see
+    :meth:`MqttAdapter.subscribe`).
+
+    A callback also holds up the network loop: PUBACKs, acks and keep-alive PINGREQs wait until
+    it returns, and one that runs longer than about 1.5x ``keepalive`` (45 s by default) makes
+    the broker drop the connection; paho reconnects and the session's unacknowledged messages
+    come again. ``dispatch_thread=True`` restores the old behaviour (every callback on the
+    dispatcher thread, which may send and wait) at the cost of throughput. paho reconnects by
+    itself (with ``reconnect_min_delay``..``reconnect_max_delay`` backoff) and, when the broker
+    lost the session, the adapter re-subscribes.
 """
 
 from __future__ import annotations
@@ -118,6 +132,10 @@ PROTOCOLS: Final = {
 PROPERTY_ERRORS_KEY: Final = "mqguard-property-errors"
 #: Longest MQTT 5 property value (a two-byte length prefix).
 MAX_MQTT_STRING: Final = 65535
+#: Why a method that waits for the broker refuses to run on the delivery (network) thread.
+ON_DELIVERY_THREAD: Final = (
+    "cannot wait for the broker's confirmation on the delivery thread; use a separate "
+    "connection for sending from a handler, or adapter.defer()")
 
 
 #: What Mosquitto (``mosquitto_validate_utf8``) and the MQTT 5 spec's SHOULD NOTs refuse in a
@@ -191,36 +209,63 @@ def read_user_properties(
 
 
 class _Dispatcher:
-    """Runs delivery callbacks on one thread of the adapter's own, in arrival order.
+    """One thread of the adapter's own that runs jobs one at a time, in submission order.
 
-    Not on paho's network thread: a callback that sends (the guard moves a message to a
-    dead-letter address from inside its delivery callback) waits for a PUBACK, and only the
-    network thread can read it. The queue is unbounded on purpose -- blocking the network
-    thread when it is full would bring that deadlock back; the broker's in-flight window
-    (Receive Maximum) bounds it for acknowledged subscriptions.
+    It runs what must not run on paho's network thread: :meth:`MqttAdapter.defer` jobs (the
+    guard moves a message to a dead-letter address through one: the send waits for a PUBACK
+    that only the network thread can read) and, with ``dispatch_thread=True``, every delivery
+    callback. The queue is unbounded on purpose -- blocking the network thread when it is full
+    would bring that deadlock back; the broker's in-flight window (Receive Maximum) bounds the
+    deliveries of acknowledged subscriptions.
     """
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._run, args=(self._jobs,),
-                                            name=self._name, daemon=True)
-            self._thread.start()
+        with self._lock:
+            if self._jobs is not None and self._thread is not None and self._thread.is_alive():
+                return
+            # A stopped thread may still be finishing its own queue: it gets no new jobs.
+            jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+            thread = threading.Thread(target=self._run, args=(jobs,), name=self._name,
+                                      daemon=True)
+            self._jobs, self._thread = jobs, thread
+            thread.start()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
+    def submit(self, job: Callable[[], None]) -> bool:
+        """Queue ``job``; False (and not queued) when the dispatcher is stopped."""
+        with self._lock:
+            if self._jobs is None:
+                return False
+            self._jobs.put(job)
+            return True
 
-    def stop(self, timeout: float) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._jobs.put(None)
-        if thread is not threading.current_thread():
+    def is_current(self) -> bool:
+        """True on the dispatcher's own thread."""
+        thread = self._thread
+        return thread is not None and thread is threading.current_thread()
+
+    def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the jobs queued so far have run."""
+        if self.is_current():
+            return  # they are queued behind the caller
+        done = threading.Event()
+        if self.submit(done.set):
+            done.wait(timeout)
+
+    def stop(self, timeout: float, *, join: bool = True) -> None:
+        """Run what is queued, then end the thread; wait for that unless ``join`` is False."""
+        with self._lock:
+            jobs, thread = self._jobs, self._thread
+            self._jobs = self._thread = None
+            if jobs is None:
+                return
+            jobs.put(None)
+        if join and thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
     @staticmethod
@@ -232,7 +277,7 @@ class _Dispatcher:
             try:
                 job()
             except Exception:
-                log.exception("internal error in the delivery thread")
+                log.exception("a job on the adapter's dispatcher thread raised")
 
 
 @dataclass(slots=True)
@@ -277,6 +322,12 @@ class MqttAdapter:
     ``max_user_properties``, ``max_property_bytes``, ``orphan_limit``
         Bounds on what is read from the broker (256 properties, 65535 bytes each, 1000 held
         messages).
+    ``dispatch_thread``
+        False (default): delivery callbacks run inline on paho's network thread, and whatever
+        waits for the broker must go through :meth:`defer` (see "Threads" in the module
+        docstring). True: the old behaviour -- every callback is handed to the adapter's own
+        dispatcher thread, so callbacks may send and wait, at a large cost in consume
+        throughput.
     ``tls_ca_certs``, ``tls_certfile``, ``tls_keyfile``, ``tls_verify``
         TLS settings for ``mqtts://``.
     """
@@ -304,6 +355,7 @@ class MqttAdapter:
         max_user_properties: int = 256,
         max_property_bytes: int = MAX_MQTT_STRING,
         orphan_limit: int = 1000,
+        dispatch_thread: bool = False,
         tls_ca_certs: str | None = None,
         tls_certfile: str | None = None,
         tls_keyfile: str | None = None,
@@ -353,6 +405,7 @@ class MqttAdapter:
         self._orphan_limit = max(0, int(orphan_limit))
         self._tls_files = (tls_ca_certs, tls_certfile, tls_keyfile)
         self._tls_verify = tls_verify
+        self._dispatch_thread = bool(dispatch_thread)
 
         #: Broker flavour as configured (MQTT has no server identification).
         self.broker = broker
@@ -360,7 +413,14 @@ class MqttAdapter:
         self.session_present = False
 
         self._lock = threading.RLock()
-        self._dispatcher = _Dispatcher("mqguard-mqtt-deliveries")
+        self._dispatcher = _Dispatcher("mqguard-mqtt-dispatcher")
+        #: paho's network thread of the current client (set by its CONNACK).
+        self._network_thread: threading.Thread | None = None
+        #: Deliveries handed to the dispatcher and not finished yet: while there are any, later
+        #: ones follow them there, so that arrival order is kept (see subscribe()).
+        self._queued = 0
+        #: UNSUBSCRIBEs sent from a delivery callback, whose UNSUBACK nobody waits for.
+        self._unawaited: set[int] = set()
         self._client: paho.Client | None = None
         self._state = "new"  # new | connected | disconnected | closed
         self._connack = threading.Event()
@@ -383,6 +443,37 @@ class MqttAdapter:
     def connected(self) -> bool:
         client = self._client
         return self._state == "connected" and client is not None and client.is_connected()
+
+    # -- threads --------------------------------------------------------------------------------
+
+    def on_delivery_thread(self) -> bool:
+        """True on paho's network thread, where delivery callbacks run inline.
+
+        Nothing that waits for the broker (PUBACK, SUBACK) can run there (only that thread
+        reads it): such methods raise AdapterError at once; use :meth:`defer` or another
+        adapter. With ``dispatch_thread=True`` callbacks run on the dispatcher thread instead,
+        where this is False (and so are the deliveries of messages held for a subscription:
+        see :meth:`subscribe`).
+        """
+        return threading.current_thread() is self._network_thread
+
+    def defer(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the adapter's dispatcher thread, after every job deferred before it.
+
+        For work that waits for the broker (a send) and therefore cannot run in a delivery
+        callback. The job may call any method of the adapter; the network thread goes on
+        delivering meanwhile, so it may run after later deliveries. An exception in the job is
+        logged. :meth:`close` (from any other thread) first lets the jobs queued so far
+        finish, bounded by ``publish_timeout``. Raises AdapterError when the adapter is not
+        connected (before :meth:`connect`, after :meth:`close`).
+        """
+        if not self._dispatcher.submit(job):
+            raise AdapterError(f"cannot defer a job on {self.where}: the adapter is not "
+                               "connected (connect() first; a closed adapter runs nothing)")
+
+    def _refuse_on_delivery_thread(self, action: str) -> None:
+        if threading.current_thread() is self._network_thread:
+            raise AdapterError(f"{action} refused on {self.where}: {ON_DELIVERY_THREAD}")
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -467,20 +558,35 @@ class MqttAdapter:
             client.loop_stop()
 
     def close(self) -> None:
-        """Disconnect (the session stays on the broker for ``session_expiry``). Idempotent."""
+        """Disconnect (the session stays on the broker for ``session_expiry``). Idempotent.
+
+        Jobs deferred before the call (:meth:`defer`) may finish first, within
+        ``publish_timeout``. Safe in a delivery callback too (nothing there waits for the
+        network thread).
+        """
+        on_delivery_thread = self.on_delivery_thread()
+        if not on_delivery_thread and not self._dispatch_thread:
+            # Let deferred work (the guard's dead-letter moves) finish while still connected.
+            self._dispatcher.drain(self._publish_timeout)
         with self._lock:
             if self._state == "closed":
                 return
             self._state = "closed"
             client, self._client = self._client, None
+            self._network_thread = None
             self._subs.clear()
             self._orphans.clear()
+            self._unawaited.clear()
             self._acks.notify_all()
         if client is not None:
+            # On the network thread loop_stop() does not wait for itself; paho writes the
+            # DISCONNECT once the callback returns.
             self._shutdown(client)
-        # Queued deliveries are dropped unacknowledged: the session keeps them for the next
-        # connection with this client id.
-        self._dispatcher.stop(timeout=self._publish_timeout)
+        # Deliveries still queued on the dispatcher are skipped unacknowledged: the session
+        # keeps them for the next connection with this client id.
+        self._dispatcher.stop(timeout=self._publish_timeout, join=not on_delivery_thread)
+        with self._lock:
+            self._queued = 0
 
     # -- paho callbacks (network thread); never let an exception reach paho -----------------------
 
@@ -496,6 +602,9 @@ class MqttAdapter:
             with self._lock:
                 if self._state == "closed":
                     return
+                if client is self._client:
+                    # CONNACK is read by the client's network thread: deliveries come from it.
+                    self._network_thread = threading.current_thread()
                 reconnect = self._state == "disconnected"
                 self._state = "connected"
                 self.session_present = bool(flags.session_present)
@@ -532,6 +641,9 @@ class MqttAdapter:
     def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int,
                       reason_codes: Any, properties: Any) -> None:
         with self._lock:
+            if mid in self._unawaited:  # an UNSUBSCRIBE sent from a delivery callback
+                self._unawaited.discard(mid)
+                return
             codes = reason_codes if isinstance(reason_codes, list) else [reason_codes]
             self._suback[mid] = codes
             self._acks.notify_all()
@@ -548,10 +660,13 @@ class MqttAdapter:
                 sub = self._match(topic)
                 if sub is None:
                     self._hold(msg, topic)
-                else:
-                    # Submitted under the lock: subscribe() hands held messages over under it
+                    return
+                if self._dispatch_thread or self._queued:
+                    # Decided under the lock: subscribe() hands held messages over under it
                     # too, so a resumed session's redeliveries stay ahead of new messages.
                     self._submit(sub, msg, topic)
+                    return
+            self._deliver(sub, msg, topic)  # inline, outside the lock
         except Exception:
             log.exception("internal error handling a PUBLISH from %s", self.where)
 
@@ -575,16 +690,25 @@ class MqttAdapter:
         self._orphans.append(msg)
 
     def _submit(self, sub: _Subscription, msg: paho.MQTTMessage, topic: str) -> None:
-        self._dispatcher.submit(lambda: self._dispatch(sub, msg, topic))
+        # Caller holds the lock.
+        if self._dispatcher.submit(lambda: self._dispatch(sub, msg, topic)):
+            self._queued += 1
 
     def _dispatch(self, sub: _Subscription, msg: paho.MQTTMessage, topic: str) -> None:
-        # On the delivery thread.
-        with self._lock:
-            current = self._subs.get(sub.id) is sub
-        if not current:
-            log.debug("PUBLISH on %r skipped: subscription %s has ended (left unacked)", topic,
-                      sub.id)
-            return
+        # On the dispatcher thread.
+        try:
+            with self._lock:
+                current = self._subs.get(sub.id) is sub
+            if not current:
+                log.debug("PUBLISH on %r skipped: subscription %s has ended (left unacked)",
+                          topic, sub.id)
+                return
+            self._deliver(sub, msg, topic)
+        finally:
+            with self._lock:
+                self._queued = max(0, self._queued - 1)
+
+    def _deliver(self, sub: _Subscription, msg: paho.MQTTMessage, topic: str) -> None:
         delivery = self._delivery(sub, msg, topic)
         if sub.auto_ack and delivery.ack_token is not None:
             # "auto": settled before the application sees it (at most once per callback).
@@ -654,11 +778,19 @@ class MqttAdapter:
         return topic, message.body, properties
 
     def send(self, message: Message, *, transaction: str | None = None) -> None:
-        """Publish at QoS 1 and wait for the PUBACK (``publish_timeout``)."""
+        """Publish at QoS 1 and wait for the PUBACK (``publish_timeout``).
+
+        AdapterError at once in a delivery callback: see :meth:`on_delivery_thread`.
+        """
         self.send_many((message,), transaction=transaction)
 
     def send_many(self, messages: Iterable[Message], *, transaction: str | None = None) -> None:
-        """Publish all messages, then wait for all PUBACKs (pipelined)."""
+        """Publish all messages, then wait for all PUBACKs (pipelined).
+
+        AdapterError at once (nothing published) in a delivery callback: see
+        :meth:`on_delivery_thread`.
+        """
+        self._refuse_on_delivery_thread("send")
         if transaction is not None:
             raise AdapterError("MQTT has no transactions")
         prepared = [self._publish_args(m) for m in messages]
@@ -720,7 +852,13 @@ class MqttAdapter:
 
         ``ack`` may be ``client-individual`` (default) or ``auto`` (acked before the callback);
         MQTT has no cumulative ``client`` mode, selectors, browsing or subscribe headers.
+        Not from a delivery callback (it waits for the SUBACK: AdapterError).
+
+        Messages a resumed session pushed before this call (held, see the module docstring)
+        are delivered on the dispatcher thread, and deliveries arriving meanwhile follow them
+        there until they are done, so arrival order is kept.
         """
+        self._refuse_on_delivery_thread("subscribe")
         opts = options or SubscribeOptions()
         if opts.ack not in ("client-individual", "auto"):
             raise AdapterError(f"ack mode {opts.ack!r} is not available over MQTT (use "
@@ -766,12 +904,28 @@ class MqttAdapter:
             raise AdapterError(f"{what} refused by {self.where}: {', '.join(failed)}")
 
     def unsubscribe(self, subscription_id: str) -> None:
-        """UNSUBSCRIBE and wait for the UNSUBACK; unknown ids are ignored."""
+        """UNSUBSCRIBE and wait for the UNSUBACK; unknown ids are ignored.
+
+        In a delivery callback it does not wait for the UNSUBACK (only the network thread,
+        busy in the callback, can read it); no delivery of the subscription follows anyway.
+        Elsewhere, jobs deferred before the call (:meth:`defer`) may finish first, within
+        ``publish_timeout``, so that their acks precede the UNSUBSCRIBE.
+        """
+        if not self._dispatch_thread and not self.on_delivery_thread():
+            self._dispatcher.drain(self._publish_timeout)
         with self._lock:
             sub = self._subs.pop(subscription_id, None)
         if sub is None:
             return
         client = self._require_client("unsubscribe")
+        if self.on_delivery_thread():
+            rc, mid = client.unsubscribe(sub.topic)
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+                raise AdapterError(f"UNSUBSCRIBE from {sub.topic!r} on {self.where} failed: "
+                                   f"{paho.error_string(rc)}")
+            with self._lock:  # the UNSUBACK cannot be read before this callback returns
+                self._unawaited.add(mid)
+            return
         self._await_ack(client.unsubscribe(sub.topic), f"UNSUBSCRIBE from {sub.topic!r}")
 
     # -- acknowledgements -----------------------------------------------------------------------

@@ -85,13 +85,25 @@ Reconnection
     sending an ACK that RabbitMQ would punish by closing the connection.
 
 Threads
-    Delivery callbacks run on a delivery thread of the adapter's own (one per adapter, so one
-    at a time, in arrival order), not on stomp.py's receiver thread: the guard sends from
-    inside its callbacks (moving a message to a dead-letter address), and a send waits for a
-    RECEIPT that only the receiver thread can read. A slow callback therefore does not stall
-    receipts or heart-beats either. An exception in a callback is logged and the message stays
-    unacknowledged. Deliveries still queued when their connection drops are skipped (the
-    broker redelivers them).
+    Delivery callbacks run inline on stomp.py's receiver thread (the *delivery thread*: one at
+    a time, in arrival order): handing each one to another thread cost a large share of the
+    consume throughput. That thread is also the only one that reads RECEIPTs, so nothing that
+    waits for one can run in a callback: ``send``, ``send_many``, ``subscribe``, ``begin``,
+    ``commit``, ``abort`` and ``wait_browse_end`` called there raise AdapterError at once
+    (:meth:`StompAdapter.on_delivery_thread` tells). ``ack`` and ``nack`` are fine there;
+    ``unsubscribe`` and ``close`` work without waiting for their RECEIPT. Work that must wait
+    goes through :meth:`StompAdapter.defer`, which runs it on the adapter's dispatcher thread
+    in submission order (the guard moves messages to dead-letter addresses that way), or
+    through another adapter (another connection): a handler that sends must use its own
+    producer. An exception in a callback is logged and the message stays unacknowledged.
+
+    A callback also holds up reading: heart-beats and receipts wait until it returns, and one
+    that runs longer than about 1.5x the broker's heart-beat interval (15 s with the default
+    ``heartbeats``) makes stomp.py declare the connection dead; the adapter reconnects and the
+    broker redelivers what was unacknowledged. Over TLS, frames written in a callback are only
+    flushed once it returns. ``dispatch_thread=True`` restores the old behaviour (every callback
+    on the dispatcher thread, which may send and wait; deliveries still queued when their
+    connection drops are skipped and redelivered by the broker) at the cost of throughput.
 """
 
 from __future__ import annotations
@@ -174,6 +186,11 @@ _HEADER_NAME_FORBIDDEN = re.compile(r"[:\r\n\\]")
 _ESCAPES: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
 #: Frames are written in chunks of about this size (one sendall() each).
 WRITE_CHUNK_BYTES: Final = 256 * 1024
+
+#: Why a method that waits for the broker refuses to run on the delivery (receiver) thread.
+ON_DELIVERY_THREAD: Final = (
+    "cannot wait for the broker's confirmation on the delivery thread; use a separate "
+    "connection for sending from a handler, or adapter.defer()")
 
 
 def _encode_send(destination: str, body: bytes, headers: Mapping[str, str]) -> bytes:
@@ -269,36 +286,63 @@ class _Handshake:
 
 
 class _Dispatcher:
-    """Runs delivery callbacks on one thread of the adapter's own, in arrival order.
+    """One thread of the adapter's own that runs jobs one at a time, in submission order.
 
-    Not on stomp.py's receiver thread: a callback that sends (the guard moves a message to a
-    dead-letter address from inside its delivery callback) waits for a RECEIPT, and only the
-    receiver thread can read it. The queue is unbounded on purpose -- blocking the receiver
-    when it is full would bring that deadlock back; the broker's prefetch window bounds it for
-    acknowledged subscriptions.
+    It runs what must not run on stomp.py's receiver thread: :meth:`StompAdapter.defer` jobs
+    (the guard moves a message to a dead-letter address through one: the send waits for a
+    RECEIPT that only the receiver thread can read) and, with ``dispatch_thread=True``, every
+    delivery callback. The queue is unbounded on purpose -- blocking the receiver thread when
+    it is full would bring that deadlock back; the broker's prefetch window bounds the
+    deliveries of acknowledged subscriptions.
     """
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._run, args=(self._jobs,),
-                                            name=self._name, daemon=True)
-            self._thread.start()
+        with self._lock:
+            if self._jobs is not None and self._thread is not None and self._thread.is_alive():
+                return
+            # A stopped thread may still be finishing its own queue: it gets no new jobs.
+            jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+            thread = threading.Thread(target=self._run, args=(jobs,), name=self._name,
+                                      daemon=True)
+            self._jobs, self._thread = jobs, thread
+            thread.start()
 
-    def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
+    def submit(self, job: Callable[[], None]) -> bool:
+        """Queue ``job``; False (and not queued) when the dispatcher is stopped."""
+        with self._lock:
+            if self._jobs is None:
+                return False
+            self._jobs.put(job)
+            return True
 
-    def stop(self, timeout: float) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._jobs.put(None)
-        if thread is not threading.current_thread():
+    def is_current(self) -> bool:
+        """True on the dispatcher's own thread."""
+        thread = self._thread
+        return thread is not None and thread is threading.current_thread()
+
+    def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the jobs queued so far have run."""
+        if self.is_current():
+            return  # they are queued behind the caller
+        done = threading.Event()
+        if self.submit(done.set):
+            done.wait(timeout)
+
+    def stop(self, timeout: float, *, join: bool = True) -> None:
+        """Run what is queued, then end the thread; wait for that unless ``join`` is False."""
+        with self._lock:
+            jobs, thread = self._jobs, self._thread
+            self._jobs = self._thread = None
+            if jobs is None:
+                return
+            jobs.put(None)
+        if join and thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
     @staticmethod
@@ -310,7 +354,7 @@ class _Dispatcher:
             try:
                 job()
             except Exception:
-                log.exception("internal error in the delivery thread")
+                log.exception("a job on the adapter's dispatcher thread raised")
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,6 +474,12 @@ class StompAdapter:
         first delay and cap of the doubling backoff in seconds (0.2 and 5).
     ``broker``
         Force the broker flavour instead of detecting it from the CONNECTED ``server`` header.
+    ``dispatch_thread``
+        False (default): delivery callbacks run inline on stomp.py's receiver thread, and
+        whatever waits for a RECEIPT must go through :meth:`defer` (see "Threads" in the module
+        docstring). True: the old behaviour -- every callback is handed to the adapter's own
+        dispatcher thread, so callbacks may send and wait, at a large cost in consume
+        throughput.
     ``ssl_ca_certs``, ``ssl_cert_file``, ``ssl_key_file``, ``ssl_verify``
         TLS settings for ``stomp+ssl://``.
     """
@@ -451,6 +501,7 @@ class StompAdapter:
         reconnect_delay: float = 0.2,
         reconnect_max_delay: float = 5.0,
         broker: str | None = None,
+        dispatch_thread: bool = False,
         ssl_ca_certs: str | None = None,
         ssl_cert_file: str | None = None,
         ssl_key_file: str | None = None,
@@ -479,6 +530,7 @@ class StompAdapter:
         self._reconnect_delay = max(0.0, reconnect_delay)
         self._reconnect_max_delay = max(self._reconnect_delay, reconnect_max_delay)
         self._forced_broker = broker
+        self._dispatch_thread = bool(dispatch_thread)
         if self._passcode:
             _PasscodeFilter.secrets.add(self._passcode)
         self._ssl = {"ca_certs": ssl_ca_certs, "cert_file": ssl_cert_file,
@@ -505,7 +557,9 @@ class StompAdapter:
         self._stop = threading.Event()
         self._reconnect_thread: threading.Thread | None = None
         self._connected = threading.Event()
-        self._dispatcher = _Dispatcher("mqguard-stomp-deliveries")
+        self._dispatcher = _Dispatcher("mqguard-stomp-dispatcher")
+        #: stomp.py's receiver thread of the current connection (set by its CONNECTED frame).
+        self._receiver_thread: threading.Thread | None = None
         #: STOMP sessions established so far (1 after connect(), +1 per reconnect).
         self.sessions = 0
         self._prefix = os.urandom(4).hex()
@@ -528,6 +582,36 @@ class StompAdapter:
 
     def _new_id(self, kind: str) -> str:
         return f"{kind}-{self._prefix}-{next(self._ids)}"
+
+    # -- threads --------------------------------------------------------------------------------
+
+    def on_delivery_thread(self) -> bool:
+        """True on stomp.py's receiver thread, where delivery callbacks run inline.
+
+        Nothing that waits for a RECEIPT can run there (only that thread reads it): such
+        methods raise AdapterError at once; use :meth:`defer` or another adapter. With
+        ``dispatch_thread=True`` callbacks run on the dispatcher thread instead, where this is
+        False.
+        """
+        return threading.current_thread() is self._receiver_thread
+
+    def defer(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the adapter's dispatcher thread, after every job deferred before it.
+
+        For work that waits for the broker (a send, a commit) and therefore cannot run in a
+        delivery callback. The job may call any method of the adapter; the receiver thread
+        goes on delivering meanwhile, so it may run after later deliveries. An exception in
+        the job is logged. :meth:`close` (from any other thread) first lets the jobs queued so
+        far finish, bounded by ``receipt_timeout``. Raises AdapterError when the adapter is
+        not connected (before :meth:`connect`, after :meth:`close`).
+        """
+        if not self._dispatcher.submit(job):
+            raise AdapterError(f"cannot defer a job on {self.where}: the adapter is not "
+                               "connected (connect() first; a closed adapter runs nothing)")
+
+    def _refuse_on_delivery_thread(self, action: str) -> None:
+        if threading.current_thread() is self._receiver_thread:
+            raise AdapterError(f"{action} refused on {self.where}: {ON_DELIVERY_THREAD}")
 
     # -- connection lifecycle -------------------------------------------------------------------
 
@@ -635,8 +719,17 @@ class StompAdapter:
     def close(self) -> None:
         """DISCONNECT with a receipt (bounded by ``receipt_timeout``) and end all subscriptions.
 
-        Safe to call twice. Unacknowledged deliveries are redelivered by the broker.
+        Safe to call twice. Unacknowledged deliveries are redelivered by the broker. Jobs
+        deferred before the call (:meth:`defer`) may finish first, within ``receipt_timeout``.
+
+        Safe in a delivery callback too: there it does not wait for the RECEIPT (only the
+        receiver thread, busy in the callback, can read it); stomp.py closes the socket when
+        the RECEIPT arrives, and the dispatcher thread does if none comes in time.
         """
+        on_delivery_thread = self.on_delivery_thread()
+        if not on_delivery_thread and not self._dispatch_thread:
+            # Let deferred work (the guard's dead-letter moves) finish while still connected.
+            self._dispatcher.drain(self._receipt_timeout)
         with self._lock:
             if self._state == "closed":
                 return
@@ -646,30 +739,45 @@ class StompAdapter:
             self._connected.clear()
             conn, self._conn = self._conn, None
             self._generation += 1
+            self._receiver_thread = None
             thread = self._reconnect_thread
+        disconnect: _Batch | None = None
         if conn is not None:
             if was_connected:
                 rid = self._new_id("disconnect")
-                batch = self._register([rid])
+                disconnect = self._register([rid])
                 try:
                     # Protocol12.disconnect only sends the frame; Connection12.disconnect would
                     # then wait for the receiver thread without any timeout.
                     stomp.protocol.Protocol12.disconnect(conn, receipt=rid)
-                    if not batch.done.wait(self._receipt_timeout):
-                        log.warning("no RECEIPT for DISCONNECT from %s within %gs", self.where,
-                                    self._receipt_timeout)
                 except Exception as exc:
                     log.debug("DISCONNECT to %s failed: %r", self.where, exc)
-            self._drop(conn)
+                    disconnect = None
+            if on_delivery_thread and disconnect is not None:
+                batch = disconnect
+                self._dispatcher.submit(lambda: self._finish_disconnect(conn, batch))
+            else:
+                self._finish_disconnect(conn, disconnect)
         with self._lock:
-            self._fail_pending(f"adapter for {self.where} was closed")
+            self._fail_pending(f"adapter for {self.where} was closed", spare=disconnect)
             self._subs.clear()
             self._unacked.clear()
             self._transactions.clear()
-        # Queued deliveries are dropped unacknowledged: the broker redelivers them.
-        self._dispatcher.stop(timeout=self._receipt_timeout)
+        # Deliveries still queued (dispatch_thread=True) are skipped unacknowledged: the broker
+        # redelivers them.
+        self._dispatcher.stop(timeout=self._receipt_timeout, join=not on_delivery_thread)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self._connect_timeout + 1)
+
+    def _finish_disconnect(self, conn: Any, batch: _Batch | None) -> None:
+        """Wait (bounded) for the DISCONNECT's RECEIPT, then close the socket."""
+        if batch is not None and not batch.done.wait(self._receipt_timeout):
+            log.warning("no RECEIPT for DISCONNECT from %s within %gs", self.where,
+                        self._receipt_timeout)
+            with self._lock:
+                for rid in batch.ids:
+                    self._pending.pop(rid, None)
+        self._drop(conn)
 
     # -- events from the receiver thread --------------------------------------------------------
 
@@ -677,6 +785,8 @@ class StompAdapter:
         with self._lock:
             if generation != self._generation or self._handshake is None:
                 return
+            # CONNECTED is read by the connection's receiver thread: deliveries come from it.
+            self._receiver_thread = threading.current_thread()
             self._handshake.server = frame.headers.get("server", "")
             self._handshake.done.set()
 
@@ -781,8 +891,11 @@ class StompAdapter:
                           "broker redelivers it)", sub_id, self.where)
                 return
             if headers.get("browser") == "end":  # ActiveMQ: end of a browse, not a message
-                # Through the delivery thread, so it is set after the browsed messages.
-                self._dispatcher.submit(sub.browse_end.set)
+                if self._dispatch_thread:
+                    # Through the dispatcher, so it is set after the browsed messages.
+                    self._dispatcher.submit(sub.browse_end.set)
+                else:
+                    sub.browse_end.set()
                 return
             ack_id = headers.get("ack")
             if ack_id is not None and sub.ack != "auto":
@@ -804,10 +917,13 @@ class StompAdapter:
             native_delivery_count=self._native_count(broker, sub, headers),
             raw_headers=headers,
         )
-        self._dispatcher.submit(lambda: self._deliver(generation, sub, delivery))
+        if self._dispatch_thread:
+            self._dispatcher.submit(lambda: self._deliver(generation, sub, delivery))
+        else:
+            self._call(sub, delivery)  # inline: generation and subscription checked above
 
     def _deliver(self, generation: int, sub: _Subscription, delivery: Delivery) -> None:
-        # On the delivery thread.
+        # On the dispatcher thread (dispatch_thread=True).
         with self._lock:
             current = generation == self._generation and self._subs.get(sub.id) is sub
         if not current:
@@ -815,6 +931,10 @@ class StompAdapter:
             log.debug("delivery of %s on %s skipped: its connection or subscription has ended",
                       delivery.message.message_id or delivery.ack_token, sub.address)
             return
+        self._call(sub, delivery)
+
+    @staticmethod
+    def _call(sub: _Subscription, delivery: Delivery) -> None:
         try:
             sub.callback(delivery)
         except Exception:
@@ -853,10 +973,11 @@ class StompAdapter:
             batch.done.set()
         return True
 
-    def _fail_pending(self, reason: str) -> None:
-        # Caller holds the lock.
-        for rid in list(self._pending):
-            self._resolve(rid, reason)
+    def _fail_pending(self, reason: str, *, spare: _Batch | None = None) -> None:
+        # Caller holds the lock. ``spare``: a batch still to be answered (close()'s DISCONNECT).
+        for rid, (batch, _index) in list(self._pending.items()):
+            if batch is not spare:
+                self._resolve(rid, reason)
 
     def _await(self, batch: _Batch, what: str) -> None:
         if not batch.done.wait(self._receipt_timeout):
@@ -923,7 +1044,8 @@ class StompAdapter:
         """Send one message; returns once the broker's RECEIPT arrived (outside a transaction).
 
         Inside a transaction the SEND is not receipted (see :meth:`commit`). Raises
-        AdapterError on an ERROR frame, a receipt timeout or while disconnected.
+        AdapterError on an ERROR frame, a receipt timeout, while disconnected, and at once
+        (nothing sent) in a delivery callback: see :meth:`on_delivery_thread`.
         """
         self.send_many((message,), transaction=transaction)
 
@@ -934,6 +1056,7 @@ class StompAdapter:
         any receipt is missing or an ERROR came back; the message names the failed indexes
         (the others were confirmed).
         """
+        self._refuse_on_delivery_thread("send")
         batch_messages = list(messages)
         if not batch_messages:
             return
@@ -1003,8 +1126,10 @@ class StompAdapter:
         ``options.prefetch`` becomes ``activemq.prefetchSize`` (ActiveMQ) or ``prefetch-count``
         (RabbitMQ); ``selector`` and ``browse`` need the broker's capability. A browse is always
         ``ack:auto`` (it consumes nothing); ActiveMQ's closing ``browser:end`` frame is not
-        passed on but sets :meth:`wait_browse_end`.
+        passed on but sets :meth:`wait_browse_end`. Not from a delivery callback (it waits
+        for a RECEIPT: AdapterError).
         """
+        self._refuse_on_delivery_thread("subscribe")
         opts = options or SubscribeOptions()
         if opts.ack not in ACK_MODES:
             modes = ", ".join(sorted(ACK_MODES))
@@ -1061,6 +1186,7 @@ class StompAdapter:
 
     def wait_browse_end(self, subscription_id: str, timeout: float) -> bool:
         """For a ``browse`` subscription on ActiveMQ: wait until the browse has finished."""
+        self._refuse_on_delivery_thread("waiting for the end of a browse")
         with self._lock:
             sub = self._subs.get(subscription_id)
         if sub is None:
@@ -1068,7 +1194,15 @@ class StompAdapter:
         return sub.browse_end.wait(timeout)
 
     def unsubscribe(self, subscription_id: str) -> None:
-        """End a subscription (receipted). Unknown ids are ignored, so it is idempotent."""
+        """End a subscription (receipted). Unknown ids are ignored, so it is idempotent.
+
+        In a delivery callback it does not wait for the RECEIPT (only the receiver thread,
+        busy in the callback, can read it); no delivery of the subscription follows anyway.
+        Elsewhere, jobs deferred before the call (:meth:`defer`) may finish first, within
+        ``receipt_timeout``, so that their acks precede the UNSUBSCRIBE.
+        """
+        if not self._dispatch_thread and not self.on_delivery_thread():
+            self._dispatcher.drain(self._receipt_timeout)
         with self._lock:
             sub = self._subs.pop(subscription_id, None)
             conn = self._conn if self._state == "connected" else None
@@ -1082,6 +1216,8 @@ class StompAdapter:
             with self._lock:
                 self._pending.pop(rid, None)
             return  # the connection is gone, and the subscription with it
+        if self.on_delivery_thread():
+            return  # the RECEIPT resolves the batch later; nobody waits for it
         self._await(batch, f"UNSUBSCRIBE from {sub.destination}")
 
     # -- acknowledgements -----------------------------------------------------------------------
@@ -1146,7 +1282,12 @@ class StompAdapter:
     # -- transactions ---------------------------------------------------------------------------
 
     def begin(self) -> str:
-        """BEGIN a transaction (not receipted: an ERROR taints it and commit() rolls back)."""
+        """BEGIN a transaction (not receipted: an ERROR taints it and commit() rolls back).
+
+        Not from a delivery callback (AdapterError): the transaction could not be committed
+        there; begin, send and commit it in a :meth:`defer` job or on another adapter.
+        """
+        self._refuse_on_delivery_thread("begin a transaction")
         tx_id = self._new_id("tx")
         with self._lock:
             conn = self._require_conn("begin a transaction")
@@ -1178,8 +1319,10 @@ class StompAdapter:
 
         Raises :class:`~mqguard.errors.TransactionRolledBack` when the transaction is known
         not to have been committed (an in-transaction SEND failed, so it was aborted instead;
-        the connection was lost), AdapterError when the outcome is unknown (no RECEIPT).
+        the connection was lost), AdapterError when the outcome is unknown (no RECEIPT) or
+        when called in a delivery callback (it waits for RECEIPTs; the transaction stays open).
         """
+        self._refuse_on_delivery_thread("commit")
         conn, tx = self._take_transaction(transaction, "commit")
         try:
             barrier, rid = self._new_id("barrier"), self._new_id("barrier")
@@ -1210,7 +1353,11 @@ class StompAdapter:
                 self._transactions.pop(transaction, None)
 
     def abort(self, transaction: str) -> None:
-        """ABORT (receipted). A transaction lost with its connection is already discarded."""
+        """ABORT (receipted). A transaction lost with its connection is already discarded.
+
+        AdapterError in a delivery callback (it waits for the RECEIPT).
+        """
+        self._refuse_on_delivery_thread("abort")
         try:
             conn, _tx = self._take_transaction(transaction, "abort")
         except TransactionRolledBack:

@@ -83,10 +83,27 @@ class SubscribeOptions:
 class Adapter(Protocol):
     """What the guard needs from a broker connection.
 
-    Calls may come from several threads. Delivery callbacks run on a delivery
-    thread of the adapter's own (not the socket receiver thread), one at a time
-    and in order, so a callback may itself send and wait for a receipt (the
-    pipeline does, when it moves a message to a dead-letter address).
+    Calls may come from several threads. Delivery callbacks run inline on the
+    adapter's *delivery thread* -- the library's network (receiver) thread --
+    one at a time and in arrival order. That thread is also the one that reads
+    the broker's confirmations (RECEIPT, PUBACK, SUBACK), so a method that waits
+    for one (``send``, ``send_many``, ``subscribe``, ``begin``, ``commit``,
+    ``abort``) cannot run there: called in a callback it raises
+    :class:`~mqguard.errors.AdapterError` at once instead of deadlocking.
+    ``ack`` and ``nack`` never wait and are fine in a callback; ``unsubscribe``
+    and ``close`` work there without waiting for the broker.
+
+    Work that has to wait goes through :meth:`defer`, which runs it on a
+    dispatcher thread of the adapter's own, in submission order (the pipeline
+    moves a message to a dead-letter address that way when
+    :meth:`on_delivery_thread` is True). An application handler that sends must
+    use another adapter (another connection), e.g. its own
+    :class:`~mqguard.producer.GuardedProducer`.
+
+    Adapters may offer a ``dispatch_thread=True`` option that runs every
+    callback on the dispatcher thread instead (callbacks may then send and
+    wait, and :meth:`on_delivery_thread` is False in them) at a large cost in
+    consume throughput.
     """
 
     #: Registry name, e.g. ``stomp``.
@@ -107,7 +124,8 @@ class Adapter(Protocol):
 
     def send(self, message: Message, *, transaction: str | None = None) -> None:
         """Send one message. Returns once the broker confirmed it (receipt, PUBACK), so a
-        return means the broker has it; raises AdapterError otherwise."""
+        return means the broker has it; raises AdapterError otherwise (at once, nothing
+        sent, on the delivery thread)."""
         ...
 
     def send_many(self, messages: list[Message], *, transaction: str | None = None) -> None:
@@ -137,3 +155,16 @@ class Adapter(Protocol):
     def commit(self, transaction: str) -> None: ...
 
     def abort(self, transaction: str) -> None: ...
+
+    def on_delivery_thread(self) -> bool:
+        """True when the current thread is the one that runs delivery callbacks inline
+        (the network/receiver thread), where methods that wait for the broker raise
+        AdapterError."""
+        ...
+
+    def defer(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the adapter's dispatcher thread, after every job deferred
+        before it. The job may call any method of the adapter, blocking ones included;
+        deliveries go on meanwhile. An exception in the job is logged. AdapterError when
+        the adapter cannot run jobs (not connected, closed)."""
+        ...

@@ -18,6 +18,18 @@ class GuardedConsumer:
     instance :class:`~mqguard.errors.Nack`) is a failure that the plugins turn
     into a redelivery, a dead-letter move, or a broker NACK.
 
+    The handler runs on the adapter's delivery thread (its network thread:
+    one message at a time, in arrival order), which is also the thread that
+    reads the broker's confirmations. Sending from a handler must therefore
+    use another producer, on another connection (a
+    :class:`~mqguard.producer.GuardedProducer` with its own adapter): a send
+    through this consumer's adapter would have to wait for a confirmation
+    only that thread can read, and raises
+    :class:`~mqguard.errors.AdapterError` at once instead. (The guard's own
+    dead-letter moves are deferred to the adapter's dispatcher thread.) A
+    handler that blocks for long also holds up heart-beats/keep-alives: see
+    the adapter's "Threads" documentation.
+
     >>> def handle(message):  # doctest: +SKIP
     ...     print(message.body)
     >>> with GuardedConsumer("stomp://127.0.0.1:61613", "orders", handle):  # doctest: +SKIP

@@ -334,9 +334,13 @@ class Guard:
                 queue: str) -> None:
         """Run one delivery through the hooks, the handler, and ack/nack/move.
 
-        Called on the adapter's delivery thread. Never raises: every failure ends
-        in an event and a broker-side outcome, because an exception here would
-        kill the receiver and strand the remaining messages.
+        Called on the adapter's delivery thread (its network thread), where
+        nothing may wait for the broker: hooks, handler, ack, nack and events run
+        inline, but a MOVE verdict (sending the copy waits for its confirmation)
+        is handed, together with the original's ack, to ``adapter.defer``.
+        Never raises: every failure ends in an event and a broker-side outcome,
+        because an exception here would kill the receiver and strand the
+        remaining messages.
         """
         message = delivery.message
         if not message.message_id:
@@ -401,6 +405,27 @@ class Guard:
 
     def _apply_delivery_verdict(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
                                 verdict: Verdict) -> None:
+        if verdict.action is Action.MOVE and verdict.address and adapter.on_delivery_thread():
+            # The copy's send waits for a confirmation that only the delivery thread
+            # reads: move and ack on the adapter's dispatcher thread instead. Later
+            # deliveries go on meanwhile; the original stays unacknowledged until the
+            # copy is confirmed.
+            adapter.defer(lambda: self._deferred_delivery_verdict(adapter, delivery, ctx,
+                                                                  verdict))
+            return
+        self._settle_delivery_verdict(adapter, delivery, ctx, verdict)
+
+    def _deferred_delivery_verdict(self, adapter: Adapter, delivery: Delivery,
+                                   ctx: HookContext, verdict: Verdict) -> None:
+        try:
+            self._settle_delivery_verdict(adapter, delivery, ctx, verdict)
+        except Exception:
+            # As in deliver(): the broker redelivers what was not acknowledged.
+            log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
+                          delivery.message.message_id, ctx.queue)
+
+    def _settle_delivery_verdict(self, adapter: Adapter, delivery: Delivery,
+                                 ctx: HookContext, verdict: Verdict) -> None:
         message = delivery.message
         if verdict.action is Action.MOVE and verdict.address:
             self.move(adapter, message, verdict.address, ctx, verdict.reason)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
@@ -133,3 +134,12 @@ class LoopbackAdapter:
 
     def abort(self, transaction: str) -> None:
         self._transactions.pop(transaction, None)
+
+    def on_delivery_thread(self) -> bool:
+        """Always False: :meth:`pump` runs callbacks on the caller's thread, and nothing
+        here waits for a broker, so every method may be called from a callback."""
+        return False
+
+    def defer(self, job: Callable[[], None]) -> None:
+        """Run ``job`` at once, on the caller's thread (nothing to wait for here)."""
+        job()

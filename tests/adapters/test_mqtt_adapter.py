@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -83,24 +84,133 @@ def test_mqtt5_round_trip_with_user_properties_and_guard_headers(
     consumer.ack(delivery)
 
 
-def test_callback_can_send_and_ack_without_deadlock(mqtt: Factory, address: str) -> None:
-    # A send waits for a PUBACK: callbacks must not run on paho's network thread.
-    adapter = mqtt(publish_timeout=3.0)
+# -- threads: callbacks inline on paho's network thread, blocking work through defer() ------------
+
+def test_callbacks_run_inline_on_the_delivery_thread(mqtt: Factory, address: str) -> None:
+    adapter = mqtt()
+    inbox = Inbox()
+    seen: list[tuple[bool, str]] = []
+
+    def callback(delivery: Any) -> None:
+        seen.append((adapter.on_delivery_thread(), threading.current_thread().name))
+        adapter.ack(delivery)  # never waits: fine inline
+        inbox(delivery)
+
+    assert adapter.on_delivery_thread() is False
+    adapter.subscribe(address, callback)
+    mqtt().send_many([Message(address, str(i).encode()) for i in range(5)])
+    assert [d.message.body for d in inbox.wait_for(5)] == [b"0", b"1", b"2", b"3", b"4"]
+    assert all(inline for inline, _ in seen)
+    names = {name for _, name in seen}
+    assert len(names) == 1  # one thread, in arrival order
+    assert names.pop().startswith("paho-mqtt-client-")
+    assert adapter.on_delivery_thread() is False
+
+
+def test_blocking_calls_in_a_callback_raise_at_once_and_defer_can_send(
+        mqtt: Factory, address: str) -> None:
+    # Only the network thread reads PUBACKs and SUBACKs: a callback waiting for one would
+    # deadlock, so the adapter refuses at once; the guard moves messages (send a copy, ack the
+    # original) through defer(), whose jobs run on the dispatcher thread and may wait.
+    client_id = f"consumer-{uuid.uuid4().hex[:8]}"
+    adapter = mqtt(client_id=client_id, publish_timeout=3.0)
+    moved_address = f"{address}.moved"
+    moved = Inbox()
+    adapter.subscribe(moved_address, moved)
+    refused: list[tuple[str, float, str]] = []
+    jobs: list[tuple[bytes, bool, str]] = []
+    calls: dict[str, Callable[[], object]] = {
+        "send": lambda: adapter.send(Message(moved_address, b"direct")),
+        "send_many": lambda: adapter.send_many([Message(moved_address, b"direct")]),
+        "subscribe": lambda: adapter.subscribe(f"{address}.other", Inbox()),
+    }
+
+    def callback(delivery: Any) -> None:
+        for name, call in calls.items():
+            started = time.monotonic()
+            try:
+                call()
+            except AdapterError as exc:
+                refused.append((name, time.monotonic() - started, str(exc)))
+
+        def job() -> None:
+            jobs.append((delivery.message.body, adapter.on_delivery_thread(),
+                         threading.current_thread().name))
+            adapter.send(Message(moved_address, delivery.message.body))  # waits for the PUBACK
+            adapter.ack(delivery)
+
+        adapter.defer(job)
+
+    adapter.subscribe(address, callback)
+    mqtt().send_many([Message(address, b"m1"), Message(address, b"m2")])
+    assert [d.message.body for d in moved.wait_for(2)] == [b"m1", b"m2"]
+    assert [d.message.body for d in moved.quiet(0.3)] == [b"m1", b"m2"]  # no "direct"
+    assert [(body, inline) for body, inline, _ in jobs] == [(b"m1", False), (b"m2", False)]
+    assert all("dispatcher" in name for _, _, name in jobs)
+    assert [name for name, _, _ in refused] == list(calls) * 2
+    for name, seconds, text in refused:
+        assert seconds < 1.0, (name, seconds)
+        assert "on the delivery thread" in text and "adapter.defer()" in text, text
+    assert adapter.connected
+    for delivery in moved.deliveries:
+        adapter.ack(delivery)
+    adapter.close()
+
+    # The deferred acks went through: the resumed session resends nothing.
+    again = mqtt(client_id=client_id)
+    resent = Inbox()
+    again.subscribe(address, resent)
+    assert resent.quiet(0.5) == []
+
+
+def test_unsubscribe_and_close_in_a_callback_do_not_wait(mqtt: Factory, address: str) -> None:
+    client_id = f"consumer-{uuid.uuid4().hex[:8]}"
+    adapter = mqtt(client_id=client_id)
+    inbox = Inbox()
+    timings: dict[str, float] = {}
+
+    def callback(delivery: Any) -> None:
+        adapter.ack(delivery)
+        started = time.monotonic()
+        adapter.unsubscribe(sub_id)
+        timings["unsubscribe"] = time.monotonic() - started
+        started = time.monotonic()
+        adapter.close()
+        timings["close"] = time.monotonic() - started
+        inbox(delivery)
+
+    sub_id = adapter.subscribe(address, callback)
+    mqtt().send_many([Message(address, b"first"), Message(address, b"second")])
+    assert [d.message.body for d in inbox.wait_for(1)] == [b"first"]
+    assert [d.message.body for d in inbox.quiet(0.3)] == [b"first"]
+    assert timings["unsubscribe"] < 1.0 and timings["close"] < 1.0, timings
+    assert not adapter.connected
+    with pytest.raises(AdapterError, match="closed"):
+        adapter.defer(lambda: None)
+
+    # "first" was acked before the DISCONNECT: the resumed session does not resend it.
+    again = mqtt(client_id=client_id)
+    resent = Inbox()
+    again.subscribe(address, resent)
+    assert b"first" not in [d.message.body for d in resent.quiet(0.5)]
+
+
+def test_dispatch_thread_option_lets_callbacks_send(mqtt: Factory, address: str) -> None:
+    # The old behaviour, kept as an option: callbacks on the dispatcher thread may wait.
+    adapter = mqtt(publish_timeout=3.0, dispatch_thread=True)
     moved = Inbox()
     adapter.subscribe(f"{address}.moved", moved)
-    errors: list[BaseException] = []
+    inline: list[bool] = []
 
     def move(delivery: Any) -> None:
-        try:
-            adapter.send(Message(f"{address}.moved", delivery.message.body))
-            adapter.ack(delivery)
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
+        inline.append(adapter.on_delivery_thread())
+        adapter.send(Message(f"{address}.moved", delivery.message.body))
+        adapter.ack(delivery)
 
     adapter.subscribe(address, move)
     adapter.send_many([Message(address, b"m1"), Message(address, b"m2")])
     assert [d.message.body for d in moved.wait_for(2)] == [b"m1", b"m2"]
-    assert errors == []
+    assert inline == [False, False]
 
 
 def test_control_characters_are_refused_before_they_reach_the_broker(

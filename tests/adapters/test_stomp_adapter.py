@@ -7,6 +7,7 @@ Each test states a broker fact the adapter relies on; the module docstring of
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -300,25 +301,136 @@ def test_callback_exception_does_not_kill_the_receiver(
     assert adapter.connected
 
 
-def test_callback_can_send_and_ack_without_deadlock(stomp: Factory, unique_name: str) -> None:
-    # The guard moves messages (send a copy, ack the original) from inside its callback: a
-    # send waits for a RECEIPT, so callbacks must not run on the thread that reads receipts.
+# -- threads: callbacks inline on the receiver thread, blocking work through defer() --------------
+
+def test_callbacks_run_inline_on_the_delivery_thread(stomp: Factory, unique_name: str) -> None:
+    adapter = stomp()
+    inbox = Inbox()
+    seen: list[tuple[bool, str]] = []
+
+    def callback(delivery: Any) -> None:
+        seen.append((adapter.on_delivery_thread(), threading.current_thread().name))
+        adapter.ack(delivery)  # never waits: fine inline
+        inbox(delivery)
+
+    assert adapter.on_delivery_thread() is False
+    adapter.subscribe(unique_name, callback)
+    adapter.send_many([_guarded(unique_name, str(i).encode()) for i in range(5)])
+    assert [d.message.body for d in inbox.wait_for(5)] == [b"0", b"1", b"2", b"3", b"4"]
+    assert all(inline for inline, _ in seen)
+    names = {name for _, name in seen}
+    assert len(names) == 1  # one thread, in arrival order
+    assert names != {threading.current_thread().name}
+    assert "dispatcher" not in names.pop()
+    assert adapter.on_delivery_thread() is False
+
+    adapter.close()  # the inline acks went through: a fresh consumer gets nothing
+    again = Inbox()
+    stomp().subscribe(unique_name, again)
+    assert again.quiet(0.5) == []
+
+
+def test_blocking_calls_in_a_callback_raise_at_once_and_defer_can_send(
+        stomp: Factory, unique_name: str) -> None:
+    # Only the receiver thread reads RECEIPTs: a callback waiting for one would deadlock, so
+    # the adapter refuses at once; the guard moves messages (send a copy, ack the original)
+    # through defer(), whose jobs run on the dispatcher thread and may wait.
     adapter = stomp(receipt_timeout=3.0)
+    dla = f"{unique_name}-dla"
     moved = Inbox()
-    adapter.subscribe(f"{unique_name}-dlq", moved)
-    errors: list[BaseException] = []
+    adapter.subscribe(dla, moved)
+    refused: list[tuple[str, float, str]] = []
+    jobs: list[tuple[bytes, bool, str]] = []
+    calls: dict[str, Callable[[], object]] = {
+        "send": lambda: adapter.send(_guarded(dla, b"direct")),
+        "send_many": lambda: adapter.send_many([_guarded(dla, b"direct")]),
+        "subscribe": lambda: adapter.subscribe(f"{unique_name}-other", Inbox()),
+        "begin": adapter.begin,
+        "commit": lambda: adapter.commit("tx-unknown"),
+        "abort": lambda: adapter.abort("tx-unknown"),
+    }
+
+    def callback(delivery: Any) -> None:
+        for name, call in calls.items():
+            started = time.monotonic()
+            try:
+                call()
+            except AdapterError as exc:
+                refused.append((name, time.monotonic() - started, str(exc)))
+
+        def job() -> None:
+            jobs.append((delivery.message.body, adapter.on_delivery_thread(),
+                         threading.current_thread().name))
+            adapter.send(_guarded(dla, delivery.message.body))  # waits for its RECEIPT
+            adapter.ack(delivery)
+
+        adapter.defer(job)
+
+    adapter.subscribe(unique_name, callback)
+    stomp().send_many([_guarded(unique_name, b"m1"), _guarded(unique_name, b"m2")])
+    assert [d.message.body for d in moved.wait_for(2)] == [b"m1", b"m2"]
+    assert [d.message.body for d in moved.quiet(0.3)] == [b"m1", b"m2"]  # no "direct"
+    assert [(body, inline) for body, inline, _ in jobs] == [(b"m1", False), (b"m2", False)]
+    assert all("dispatcher" in name for _, _, name in jobs)
+    assert [name for name, _, _ in refused] == list(calls) * 2
+    for name, seconds, text in refused:
+        assert seconds < 1.0, (name, seconds)
+        assert "on the delivery thread" in text and "adapter.defer()" in text, text
+    assert adapter.connected
+
+    adapter.close()  # the deferred acks went through: a fresh consumer gets nothing
+    again = Inbox()
+    stomp().subscribe(unique_name, again)
+    assert again.quiet(0.5) == []
+
+
+def test_unsubscribe_and_close_in_a_callback_do_not_wait(stomp: Factory, unique_name: str) -> None:
+    adapter = stomp(receipt_timeout=5.0)
+    inbox = Inbox()
+    timings: dict[str, float] = {}
+
+    def callback(delivery: Any) -> None:
+        adapter.ack(delivery)
+        started = time.monotonic()
+        adapter.unsubscribe(sub_id)
+        timings["unsubscribe"] = time.monotonic() - started
+        started = time.monotonic()
+        adapter.close()
+        timings["close"] = time.monotonic() - started
+        inbox(delivery)
+
+    sub_id = adapter.subscribe(unique_name, callback)
+    stomp().send_many([_guarded(unique_name, b"first"), _guarded(unique_name, b"second")])
+    assert [d.message.body for d in inbox.wait_for(1)] == [b"first"]
+    assert [d.message.body for d in inbox.quiet(0.3)] == [b"first"]
+    assert timings["unsubscribe"] < 1.0 and timings["close"] < 1.0, timings
+    assert not adapter.connected
+    with pytest.raises(AdapterError, match="closed"):
+        adapter.defer(lambda: None)
+
+    # "first" was acked before the UNSUBSCRIBE; "second" goes back to the queue.
+    again = Inbox()
+    stomp().subscribe(unique_name, again)
+    assert [d.message.body for d in again.wait_for(1)] == [b"second"]
+    assert len(again.quiet(0.3)) == 1
+
+
+def test_dispatch_thread_option_lets_callbacks_send(stomp: Factory, unique_name: str) -> None:
+    # The old behaviour, kept as an option: callbacks on the dispatcher thread may wait.
+    adapter = stomp(receipt_timeout=3.0, dispatch_thread=True)
+    moved = Inbox()
+    adapter.subscribe(f"{unique_name}-dla", moved)
+    inline: list[bool] = []
 
     def move(delivery: Any) -> None:
-        try:
-            adapter.send(_guarded(f"{unique_name}-dlq", delivery.message.body))
-            adapter.ack(delivery)
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
+        inline.append(adapter.on_delivery_thread())
+        adapter.send(_guarded(f"{unique_name}-dla", delivery.message.body))
+        adapter.ack(delivery)
 
     adapter.subscribe(unique_name, move)
     adapter.send_many([_guarded(unique_name, b"m1"), _guarded(unique_name, b"m2")])
     assert [d.message.body for d in moved.wait_for(2)] == [b"m1", b"m2"]
-    assert errors == []
+    assert inline == [False, False]
 
 
 # -- negative acknowledgement and delivery counts -------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,13 +12,23 @@ from typing import Any
 
 import pytest
 
+import mqguard
+from mqguard.adapter import Delivery, SubscribeOptions
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
+from mqguard.context import HookContext
 from mqguard.events import read_events
-from mqguard.message import Message
+from mqguard.message import (
+    MOVE_REASON_HEADER,
+    ORIG_ADDRESS_HEADER,
+    ORIG_MESSAGE_ID_HEADER,
+    ORIG_QUEUE_HEADER,
+    Message,
+)
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
+from mqguard.verdict import Verdict
 
 BROKERS = [
     pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq-stomp"),
@@ -178,3 +189,122 @@ def test_handler_failure_without_plugins_loses_nothing(broker_url: str, guard: G
     probe.close()
     assert requeues is (probe.broker == "rabbitmq")
     assert nacked and all(e["requeue"] is requeues for e in nacked)
+
+
+class MoveEverything:
+    """Dead-letters every delivery from ``before_deliver``; records where the moves ran."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.move_threads: list[str] = []
+
+    @mqguard.hookimpl
+    def before_deliver(self, message: Message) -> Verdict:
+        return Verdict.move(self.target, "test")
+
+    @mqguard.hookimpl
+    def message_moved(self, original: Message, ctx: HookContext) -> None:
+        self.move_threads.append(threading.current_thread().name)
+
+
+class Deliveries:
+    """A raw adapter callback that keeps what it got."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, delivery: Delivery) -> None:
+        with self.cond:
+            self.deliveries.append(delivery)
+            self.cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float) -> list[Delivery]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.deliveries) >= count, timeout)
+            return list(self.deliveries)
+
+
+def wait_for_events(guard: Guard, directory: Path, kind: str, count: int,
+                    timeout: float = 20.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        guard.events.flush()
+        found = [e for e in read_events(directory) if e["type"] == kind]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
+def test_move_verdict_in_the_delivery_callback(broker_url: str, guard: Guard, tmp_path: Path,
+                                               unique_name: str) -> None:
+    """A MOVE decided on the adapter's delivery thread: the copy's send cannot wait there, so
+    the guard defers move + ack to the adapter's dispatcher thread. The copy arrives with the
+    ``_AMQ_ORIG_*`` headers and the original is acknowledged for good."""
+    count = 3
+    dla = f"{unique_name}.dla"
+    mover = MoveEverything(dla)
+    guard.plugins.register(mover)
+    mqtt = broker_url.startswith("mqtt")
+    # MQTT: a stable client id and a persistent session, so that "not redelivered after a
+    # reconnect" means something (a topic keeps nothing for absent subscribers).
+    options: dict[str, Any] = {"client_id": f"mover-{uuid.uuid4().hex[:8]}"} if mqtt else {}
+
+    dead = Deliveries()
+    watcher = open_adapter(broker_url)
+    watcher.connect()
+    try:
+        watcher.subscribe(dla, dead, SubscribeOptions(ack="auto"))
+        handled: list[Message] = []
+        with GuardedConsumer(open_adapter(broker_url, **options), unique_name, handled.append,
+                             guard):
+            with GuardedProducer(open_adapter(broker_url), guard) as producer:
+                sent = [producer.send(unique_name, f"poison-{i}".encode()).message
+                        for i in range(count)]
+            copies = dead.wait_for(count, 20)
+            assert len(copies) == count, f"{len(copies)} of {count} copies arrived"
+            acked = wait_for_events(guard, tmp_path / "events", "acked", count)
+            assert len(acked) == count
+        assert handled == []
+    finally:
+        watcher.close()
+    assert mover.move_threads and all("dispatcher" in name for name in mover.move_threads), \
+        mover.move_threads
+
+    by_original = {d.message.headers[ORIG_MESSAGE_ID_HEADER]: d.message for d in copies}
+    assert set(by_original) == {m.message_id for m in sent}
+    for original in sent:
+        copy = by_original[original.message_id]
+        assert copy.address == dla
+        assert copy.body == original.body
+        assert copy.headers[ORIG_ADDRESS_HEADER] == unique_name
+        assert copy.headers[ORIG_QUEUE_HEADER] == unique_name
+        assert copy.headers[MOVE_REASON_HEADER] == "test"
+        assert copy.message_id and copy.message_id != original.message_id
+
+    guard.events.flush()
+    grouped = events_by_message(tmp_path / "events")
+    for original in sent:
+        events = grouped[original.message_id]
+        kinds = [e["type"] for e in events]
+        # "sent" is written when the broker confirmed the send, which may come after the
+        # consumer got it; the deliver path itself is ordered: moved, then acked.
+        assert sorted(kinds) == ["acked", "moved", "sent"], kinds
+        assert [k for k in kinds if k != "sent"] == ["moved", "acked"], kinds
+        moved = next(e for e in events if e["type"] == "moved")
+        acked = next(e for e in events if e["type"] == "acked")
+        assert moved["target"] == dla and moved["reason"] == "test"
+        assert moved["new_message_id"] == by_original[original.message_id].message_id
+        assert acked["ack_reason"] == "killed" and acked["queue"] == unique_name
+
+    # The originals were acknowledged: a new consumer (MQTT: the same session) gets nothing.
+    again = Deliveries()
+    probe = open_adapter(broker_url, **options)
+    probe.connect()
+    try:
+        probe.subscribe(unique_name, again)
+        time.sleep(1.0)
+    finally:
+        probe.close()
+    assert again.deliveries == [], [d.message.body for d in again.deliveries]
