@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from mqguard.adapter import Delivery
+from mqguard.errors import AdapterError
+from mqguard.message import Message
 
 
 class Inbox:
@@ -42,3 +46,47 @@ class Inbox:
         time.sleep(seconds)
         with self._cond:
             return list(self.deliveries)
+
+
+class DeferContract:
+    """The delivery-thread contract shared by both adapters, as a callback plus its checks.
+
+    Inside the callback each of ``calls`` (blocking adapter methods) must raise AdapterError
+    at once; a job passed to ``adapter.defer()`` then runs on the dispatcher thread and may
+    wait for the broker: it sends ``make_copy(body)`` and acks the original.
+    """
+
+    def __init__(self, adapter: Any, calls: dict[str, Callable[[], object]],
+                 make_copy: Callable[[bytes], Message]) -> None:
+        self.adapter = adapter
+        self.calls = calls
+        self.make_copy = make_copy
+        self.refused: list[tuple[str, float, str]] = []
+        self.jobs: list[tuple[bytes, bool, str]] = []
+
+    def __call__(self, delivery: Delivery) -> None:
+        for name, call in self.calls.items():
+            started = time.monotonic()
+            try:
+                call()
+            except AdapterError as exc:
+                self.refused.append((name, time.monotonic() - started, str(exc)))
+
+        def job() -> None:
+            self.jobs.append((delivery.message.body, self.adapter.on_delivery_thread(),
+                              threading.current_thread().name))
+            self.adapter.send(self.make_copy(delivery.message.body))  # waits for confirmation
+            self.adapter.ack(delivery)
+
+        self.adapter.defer(job)
+
+    def check(self, moved: Inbox, bodies: list[bytes]) -> None:
+        assert [d.message.body for d in moved.wait_for(len(bodies))] == bodies
+        assert [d.message.body for d in moved.quiet(0.3)] == bodies  # no "direct" send
+        assert [(body, inline) for body, inline, _ in self.jobs] == [(b, False) for b in bodies]
+        assert all("dispatcher" in name for _, _, name in self.jobs)
+        assert [name for name, _, _ in self.refused] == list(self.calls) * len(bodies)
+        for name, seconds, text in self.refused:
+            assert seconds < 1.0, (name, seconds)
+            assert "on the delivery thread" in text and "adapter.defer()" in text, text
+        assert self.adapter.connected

@@ -18,7 +18,7 @@ from mqguard.adapter import Capabilities, SubscribeOptions
 from mqguard.adapters.mqtt import PROPERTY_ERRORS_KEY, MqttAdapter
 from mqguard.errors import AdapterError
 from mqguard.message import Message, new_message_id, now_ms
-from tests.adapters import Inbox
+from tests.adapters import DeferContract, Inbox
 
 pytestmark = pytest.mark.mosquitto
 
@@ -117,41 +117,16 @@ def test_blocking_calls_in_a_callback_raise_at_once_and_defer_can_send(
     moved_address = f"{address}.moved"
     moved = Inbox()
     adapter.subscribe(moved_address, moved)
-    refused: list[tuple[str, float, str]] = []
-    jobs: list[tuple[bytes, bool, str]] = []
     calls: dict[str, Callable[[], object]] = {
         "send": lambda: adapter.send(Message(moved_address, b"direct")),
         "send_many": lambda: adapter.send_many([Message(moved_address, b"direct")]),
         "subscribe": lambda: adapter.subscribe(f"{address}.other", Inbox()),
     }
 
-    def callback(delivery: Any) -> None:
-        for name, call in calls.items():
-            started = time.monotonic()
-            try:
-                call()
-            except AdapterError as exc:
-                refused.append((name, time.monotonic() - started, str(exc)))
-
-        def job() -> None:
-            jobs.append((delivery.message.body, adapter.on_delivery_thread(),
-                         threading.current_thread().name))
-            adapter.send(Message(moved_address, delivery.message.body))  # waits for the PUBACK
-            adapter.ack(delivery)
-
-        adapter.defer(job)
-
-    adapter.subscribe(address, callback)
+    contract = DeferContract(adapter, calls, lambda body: Message(moved_address, body))
+    adapter.subscribe(address, contract)
     mqtt().send_many([Message(address, b"m1"), Message(address, b"m2")])
-    assert [d.message.body for d in moved.wait_for(2)] == [b"m1", b"m2"]
-    assert [d.message.body for d in moved.quiet(0.3)] == [b"m1", b"m2"]  # no "direct"
-    assert [(body, inline) for body, inline, _ in jobs] == [(b"m1", False), (b"m2", False)]
-    assert all("dispatcher" in name for _, _, name in jobs)
-    assert [name for name, _, _ in refused] == list(calls) * 2
-    for name, seconds, text in refused:
-        assert seconds < 1.0, (name, seconds)
-        assert "on the delivery thread" in text and "adapter.defer()" in text, text
-    assert adapter.connected
+    contract.check(moved, [b"m1", b"m2"])
     for delivery in moved.deliveries:
         adapter.ack(delivery)
     adapter.close()

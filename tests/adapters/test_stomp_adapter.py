@@ -18,7 +18,7 @@ from mqguard.adapter import SubscribeOptions
 from mqguard.adapters.stomp import BROKER_CAPABILITIES, StompAdapter
 from mqguard.errors import AdapterError, TransactionRolledBack
 from mqguard.message import Message, new_message_id, now_ms
-from tests.adapters import Inbox
+from tests.adapters import DeferContract, Inbox
 
 BROKERS = [
     pytest.param("activemq", marks=pytest.mark.activemq, id="activemq"),
@@ -339,8 +339,6 @@ def test_blocking_calls_in_a_callback_raise_at_once_and_defer_can_send(
     dla = f"{unique_name}-dla"
     moved = Inbox()
     adapter.subscribe(dla, moved)
-    refused: list[tuple[str, float, str]] = []
-    jobs: list[tuple[bytes, bool, str]] = []
     calls: dict[str, Callable[[], object]] = {
         "send": lambda: adapter.send(_guarded(dla, b"direct")),
         "send_many": lambda: adapter.send_many([_guarded(dla, b"direct")]),
@@ -350,33 +348,10 @@ def test_blocking_calls_in_a_callback_raise_at_once_and_defer_can_send(
         "abort": lambda: adapter.abort("tx-unknown"),
     }
 
-    def callback(delivery: Any) -> None:
-        for name, call in calls.items():
-            started = time.monotonic()
-            try:
-                call()
-            except AdapterError as exc:
-                refused.append((name, time.monotonic() - started, str(exc)))
-
-        def job() -> None:
-            jobs.append((delivery.message.body, adapter.on_delivery_thread(),
-                         threading.current_thread().name))
-            adapter.send(_guarded(dla, delivery.message.body))  # waits for its RECEIPT
-            adapter.ack(delivery)
-
-        adapter.defer(job)
-
-    adapter.subscribe(unique_name, callback)
+    contract = DeferContract(adapter, calls, lambda body: _guarded(dla, body))
+    adapter.subscribe(unique_name, contract)
     stomp().send_many([_guarded(unique_name, b"m1"), _guarded(unique_name, b"m2")])
-    assert [d.message.body for d in moved.wait_for(2)] == [b"m1", b"m2"]
-    assert [d.message.body for d in moved.quiet(0.3)] == [b"m1", b"m2"]  # no "direct"
-    assert [(body, inline) for body, inline, _ in jobs] == [(b"m1", False), (b"m2", False)]
-    assert all("dispatcher" in name for _, _, name in jobs)
-    assert [name for name, _, _ in refused] == list(calls) * 2
-    for name, seconds, text in refused:
-        assert seconds < 1.0, (name, seconds)
-        assert "on the delivery thread" in text and "adapter.defer()" in text, text
-    assert adapter.connected
+    contract.check(moved, [b"m1", b"m2"])
 
     adapter.close()  # the deferred acks went through: a fresh consumer gets nothing
     again = Inbox()
