@@ -351,6 +351,9 @@ class MqttAdapter:
         self._unawaited: set[int] = set()
         self._client: paho.Client | None = None
         self._state = "new"  # new | connected | disconnected | closed
+        #: CONNACKs seen; stamped into ack tokens so a delivery from an earlier connection
+        #: is known to be void (see can_settle).
+        self._connects = 0
         self._connack = threading.Event()
         self._connack_error: str | None = None
         self._subs: dict[str, _Subscription] = {}
@@ -535,6 +538,7 @@ class MqttAdapter:
                     self._network_thread = threading.current_thread()
                 reconnect = self._state == "disconnected"
                 self._state = "connected"
+                self._connects += 1
                 self.session_present = bool(flags.session_present)
                 resubscribe = [] if self.session_present else list(self._subs.values())
             for sub in resubscribe:
@@ -667,7 +671,7 @@ class MqttAdapter:
         return Delivery(
             message=message,
             subscription_id=sub.id,
-            ack_token=(msg.mid, msg.qos) if msg.qos > 0 else None,
+            ack_token=(msg.mid, msg.qos, self._connects) if msg.qos > 0 else None,
             redelivered=bool(msg.dup),
             native_delivery_count=None,
             raw_headers=raw,
@@ -676,6 +680,9 @@ class MqttAdapter:
     # -- sending --------------------------------------------------------------------------------
 
     def _publish_args(self, message: Message) -> tuple[str, bytes, Properties | None]:
+        if message.scheduled_delivery:
+            raise AdapterError(f"MQTT has no delayed delivery: cannot hold a message to "
+                               f"{message.address!r} back")
         topic = address_to_topic(message.address)
         check_mqtt_string(topic, f"topic {topic!r}")
         if "+" in topic or "#" in topic:
@@ -860,7 +867,7 @@ class MqttAdapter:
 
     def _ack_token(self, token: Any) -> None:
         client = self._require_client("ack")
-        mid, qos = token
+        mid, qos, _connection = token
         rc = client.ack(mid, qos)
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             raise AdapterError(f"PUBACK for message {mid} to {self.where} failed: "
@@ -873,6 +880,18 @@ class MqttAdapter:
             raise AdapterError("MQTT has no transactions")
         if delivery.ack_token is not None:
             self._ack_token(delivery.ack_token)
+
+    def can_settle(self, delivery: Delivery) -> bool:
+        """True when ``delivery`` came over the current connection (its PUBACK would count).
+
+        After a reconnect the broker resends unacknowledged messages of a persistent
+        session itself, so a delivery from an earlier connection must not be handled again.
+        """
+        token = delivery.ack_token
+        if token is None:
+            return False
+        with self._lock:
+            return self._state == "connected" and token[2] == self._connects
 
     def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
         """Leave the delivery unacknowledged (MQTT has no NACK; see the module docstring).

@@ -175,7 +175,11 @@ RESERVED_SUBSCRIBE_HEADERS: Final = frozenset({"destination", "id", "ack", "rece
 BROKER_MESSAGE_HEADERS: Final = frozenset(
     {"destination", "subscription", "ack", "message-id", "content-length", "receipt",
      "transaction", "redelivered", "persistent", "expires", "expiration", "priority",
-     "timestamp", "x-delivery-count", "browser"}
+     "timestamp", "x-delivery-count", "browser",
+     # ActiveMQ's scheduler: a message re-sent with its old scheduledJobId would be taken
+     # for one already scheduled and delivered at once, ignoring the new delay.
+     "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD", "AMQ_SCHEDULED_REPEAT",
+     "AMQ_SCHEDULED_CRON", "scheduledJobId"}
 )
 
 #: Longest ERROR body kept in an exception message (ActiveMQ sends whole Java stack traces).
@@ -958,6 +962,12 @@ class StompAdapter:
             if key in RESERVED_SEND_HEADERS:
                 raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
                                    "reserved by STOMP/the adapter; rename it")
+        if message.scheduled_delivery:
+            if broker != "activemq":
+                raise AdapterError(f"{broker} has no delayed delivery over STOMP: cannot hold "
+                                   f"a message to {message.address!r} back")
+            # ActiveMQ's scheduler (schedulerSupport="true") takes a relative delay.
+            headers["AMQ_SCHEDULED_DELAY"] = str(max(0, message.scheduled_delivery - now_ms()))
         if self._persistent:
             headers.setdefault("persistent", "true")
         if message.expiration:
@@ -1190,6 +1200,15 @@ class StompAdapter:
         except (stomp.exception.StompException, OSError) as exc:
             raise AdapterError(f"cannot ack on {self.where}: connection lost "
                                f"({type(exc).__name__}); the broker redelivers it") from None
+
+    def can_settle(self, delivery: Delivery) -> bool:
+        """True while ``delivery`` is unacknowledged on the current connection.
+
+        False once acked or nacked, for ``ack:auto`` deliveries, and after the connection
+        it came over was lost (the broker redelivers it on its own).
+        """
+        with self._lock:
+            return delivery.ack_token is not None and delivery.ack_token in self._unacked
 
     def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
         """NACK a delivery.

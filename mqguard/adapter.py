@@ -144,6 +144,13 @@ class Adapter(Protocol):
         """Acknowledge one delivery."""
         ...
 
+    def can_settle(self, delivery: Delivery) -> bool:
+        """True while ``delivery`` is unacknowledged on the current connection, so that an
+        ack or nack of it would reach the broker. False after it was settled, for deliveries
+        the broker settled itself (``auto``), and once the connection it came over was lost
+        (the broker then redelivers it on its own). Never waits."""
+        ...
+
     def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
         """Negatively acknowledge. What the broker does with it is in :attr:`capabilities`."""
         ...

@@ -11,7 +11,7 @@ import os
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -129,16 +129,35 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts).replace(".[", "[")
 
 
-def _validation_error(source: str, error: ValidationError) -> ConfigError:
+def _validation_error(source: str, error: ValidationError,
+                      prefix: tuple[str, ...] = ()) -> ConfigError:
     lines = [f"{source}: invalid configuration"]
     for item in error.errors():
-        location = _format_location(tuple(item["loc"]))
+        location = ".".join((*prefix, _format_location(tuple(item["loc"]))))
         value = item.get("input")
         if item["type"] == "extra_forbidden":
             lines.append(f"  {location}: unknown key (value {value!r})")
         else:
             lines.append(f"  {location} = {value!r}: {item['msg']}")
     return ConfigError("\n".join(lines))
+
+
+class PluginOptions(BaseModel):
+    """Base of a plugin's ``[plugins.<name>]`` table: kebab-case keys, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=_kebab, populate_by_name=True,
+                              frozen=True, strict=True)
+
+
+_Options = TypeVar("_Options", bound=PluginOptions)
+
+
+def parse_plugin_options(config: MqguardConfig, name: str, model: type[_Options]) -> _Options:
+    """Validate ``[plugins.<name>]`` with ``model``; ConfigError naming file, key and value."""
+    try:
+        return model.model_validate(config.plugin_options(name))
+    except ValidationError as exc:
+        raise _validation_error(config.source, exc, ("plugins", name)) from None
 
 
 def parse_config(data: dict[str, Any], source: str = "<inline>") -> MqguardConfig:

@@ -35,6 +35,10 @@ class HookContext:
     broker: str = "unknown"
     #: Raw frame headers on the deliver path, for broker-specific plugins.
     raw_headers: dict[str, str] | None = None
+    #: Delivery count reported by the broker itself (RabbitMQ quorum queues), if any.
+    native_delivery_count: int | None = None
+    #: The broker (or a held redelivery) says this delivery is not the first.
+    redelivered: bool = False
     #: True on the send path when the message is part of a batch that
     #: ``before_send_batch`` will see as a whole (work may be deferred to it).
     batch: bool = False

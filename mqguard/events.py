@@ -66,7 +66,10 @@ class EventType(enum.StrEnum):
     REDELIVERY_SCHEDULED = "redelivery_scheduled"
     DEAD_LETTERED = "dead_lettered"
     EXPIRED = "expired"
+    #: The consumer audit found a duplicate delivery and kept it from the handler.
     DUPLICATE_DELIVERY_SUPPRESSED = "duplicate_delivery_suppressed"
+    #: The consumer audit found a duplicate delivery and let it through (action = log).
+    DUPLICATE_DELIVERY_LOGGED = "duplicate_delivery_logged"
     #: A copy was sent to another address (field ``target``).
     MOVED = "moved"
     #: A delivery was discarded by a plugin without reaching the handler.

@@ -38,6 +38,9 @@ ORIG_QUEUE_HEADER: Final = "_AMQ_ORIG_QUEUE"
 ORIG_MESSAGE_ID_HEADER: Final = "_AMQ_ORIG_MESSAGE_ID"
 ACTUAL_EXPIRY_HEADER: Final = "_AMQ_ACTUAL_EXPIRY"
 MOVE_REASON_HEADER: Final = "mqguard-move-reason"
+#: Deliveries before this one, on a copy the guard re-sent for a delayed redelivery
+#: (the broker sees a new message, so its own redelivered flag is false).
+PRIOR_DELIVERIES_HEADER: Final = "mqguard-prior-deliveries"
 
 
 def new_message_id() -> str:
@@ -77,6 +80,10 @@ class Message:
     sequence: int | None = None
     #: The broker's own id for this delivery (unstable on RabbitMQ; informative only).
     broker_message_id: str | None = None
+    #: Deliver no earlier than this epoch ms (Artemis ``_AMQ_SCHED_DELIVERY``); 0 = at once.
+    #: Only adapters whose broker has ``delayed_delivery`` accept it; the others refuse
+    #: the send rather than deliver early. Not carried to the consumer.
+    scheduled_delivery: int = 0
 
     def is_expired(self, at_ms: int | None = None) -> bool:
         """Artemis rule: expired when expiration != 0 and now >= expiration."""
@@ -146,4 +153,5 @@ class Message:
     def copy_for(self, address: str, **changes: object) -> Message:
         """A copy bound for ``address`` with a new message id (Artemis ``copy()``)."""
         return replace(self, address=address, headers=dict(self.headers),
-                       message_id=new_message_id(), **changes)  # type: ignore[arg-type]
+                       message_id=new_message_id(), scheduled_delivery=0,
+                       **changes)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ what makes the event log auditable.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,10 +25,13 @@ from mqguard.message import (
     ORIG_ADDRESS_HEADER,
     ORIG_MESSAGE_ID_HEADER,
     ORIG_QUEUE_HEADER,
+    PRIOR_DELIVERIES_HEADER,
     Message,
     new_message_id,
+    now_ms,
 )
 from mqguard.plugin_manager import make_plugin_manager
+from mqguard.redelivery import Mechanism, RedeliveryTimer, choose_mechanism
 from mqguard.stores import Store, open_store
 from mqguard.verdict import AckReason, Action, Verdict
 
@@ -111,6 +115,12 @@ class Guard:
         self.events: EventLog = events if events is not None else make_event_log(self.config)
         self.plugins = plugin_manager or make_plugin_manager(self.config)
         self.hook = self.plugins.hook
+        #: Holds deliveries whose redelivery waits in this process (see mqguard.redelivery).
+        self.redelivery_timer = RedeliveryTimer()
+        # One lock per subscription: a held redelivery runs the handler on the timer
+        # thread, and must never overlap a delivery on the adapter's thread.
+        self._serial: dict[tuple[int, str], threading.Lock] = {}
+        self._serial_guard = threading.Lock()
         self._started = False
         self._closed = False
 
@@ -127,6 +137,10 @@ class Guard:
         if self._closed:
             return
         self._closed = True
+        dropped = self.redelivery_timer.close()
+        if dropped:
+            log.info("%d held redeliveries dropped at close: still unacknowledged, the broker "
+                     "redelivers them", dropped)
         if self._started:
             self.hook.guard_stopping(guard=self)
         if self._owns_events:
@@ -351,25 +365,38 @@ class Guard:
             message.delivery_count = native if native else (2 if delivery.redelivered else 1)
         ctx = self.context(message.address, adapter.capabilities, role="consumer", queue=queue,
                            broker=adapter.broker, raw_headers=delivery.raw_headers)
-        try:
-            caller = self.hook.before_deliver
-            verdict = caller(message=message, ctx=ctx) if caller.get_hookimpls() else None
-            if verdict is not None and verdict.action is not Action.CONTINUE:
-                self._apply_delivery_verdict(adapter, delivery, ctx, verdict)
-                return
-            self.events.emit(EventType.DELIVERED, message, queue=queue)
+        ctx.native_delivery_count = delivery.native_delivery_count
+        ctx.redelivered = delivery.redelivered
+        with self._serial_lock(adapter, delivery.subscription_id):
             try:
-                handler(message)
-            except Exception as error:
-                self._handler_failed(adapter, delivery, ctx, error)
-                return
-            _observe(self.hook.after_deliver, message=message, ctx=ctx, error=None)
-            self._ack(adapter, delivery, ctx, AckReason.NORMAL)
-        except Exception:
-            # A plugin or the broker failed: leave the message unacknowledged so
-            # the broker redelivers it (at-least-once), and say so loudly.
-            log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
-                          message.message_id, queue)
+                caller = self.hook.before_deliver
+                verdict = caller(message=message, ctx=ctx) if caller.get_hookimpls() else None
+                if verdict is not None and verdict.action is not Action.CONTINUE:
+                    self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
+                    return
+                self.events.emit(EventType.DELIVERED, message, queue=queue,
+                                 delivery_count=message.delivery_count,
+                                 native_delivery_count=delivery.native_delivery_count)
+                try:
+                    handler(message)
+                except Exception as error:
+                    self._handler_failed(adapter, delivery, ctx, error, handler)
+                    return
+                _observe(self.hook.after_deliver, message=message, ctx=ctx, error=None)
+                self._ack(adapter, delivery, ctx, AckReason.NORMAL)
+            except Exception:
+                # A plugin or the broker failed: leave the message unacknowledged so
+                # the broker redelivers it (at-least-once), and say so loudly.
+                log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
+                              message.message_id, queue)
+
+    def _serial_lock(self, adapter: Adapter, subscription_id: str) -> threading.Lock:
+        key = (id(adapter), subscription_id)
+        lock = self._serial.get(key)
+        if lock is None:
+            with self._serial_guard:
+                lock = self._serial.setdefault(key, threading.Lock())
+        return lock
 
     def _fallback_message_id(self, delivery: Delivery, adapter: Adapter) -> str:
         # A message not sent through a guard has no mqguard id. Where the broker's
@@ -380,7 +407,7 @@ class Guard:
         return f"unguarded:{new_message_id()}"
 
     def _handler_failed(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-                        error: BaseException) -> None:
+                        error: BaseException, handler: Handler) -> None:
         message = delivery.message
         self.events.emit(EventType.HANDLER_FAILED, message, queue=ctx.queue,
                          reason=f"{type(error).__name__}: {error}"[:500])
@@ -391,29 +418,116 @@ class Guard:
             # ActiveMQ 5 NACK is a poison ack (straight to ActiveMQ.DLQ) and MQTT has
             # none, so there the delivery stays unacknowledged and the broker
             # redelivers it when the consumer reconnects. Nothing is lost either way.
-            requeue = adapter.capabilities.nack_requeue
-            if requeue:
-                adapter.nack(delivery, requeue=True)
-            self.events.emit(EventType.NACKED, message, queue=ctx.queue, requeue=requeue)
-            self.hook.message_nacked(message=message, ctx=ctx, requeue=requeue)
+            if adapter.capabilities.nack_requeue:
+                self._nack(adapter, delivery, ctx)
+            else:
+                self.events.emit(EventType.NACKED, message, queue=ctx.queue, requeue=False)
+                _observe(self.hook.message_nacked, message=message, ctx=ctx, requeue=False)
         elif verdict.action is Action.CONTINUE:
             if verdict.event:
                 self._record_verdict(message, verdict, ctx)
             self._ack(adapter, delivery, ctx, verdict.ack_reason)
         else:
-            self._apply_delivery_verdict(adapter, delivery, ctx, verdict)
+            self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
 
     def _apply_delivery_verdict(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-                                verdict: Verdict) -> None:
-        if verdict.action is Action.MOVE and verdict.address and adapter.on_delivery_thread():
+                                verdict: Verdict, handler: Handler) -> None:
+        if verdict.action is Action.REDELIVER:
+            self._redeliver(adapter, delivery, ctx, verdict, handler)
+            return
+        if verdict.action is Action.MOVE and verdict.address:
             # The copy's send waits for a confirmation that only the delivery thread
-            # reads: move and ack on the adapter's dispatcher thread instead. Later
-            # deliveries go on meanwhile; the original stays unacknowledged until the
-            # copy is confirmed.
+            # reads: move and ack on the adapter's dispatcher thread instead (always,
+            # not only on the delivery thread: a held redelivery runs under the
+            # subscription's lock, which the delivery thread may be waiting for).
+            # Later deliveries go on meanwhile; the original stays unacknowledged
+            # until the copy is confirmed.
             adapter.defer(lambda: self._deferred_delivery_verdict(adapter, delivery, ctx,
                                                                   verdict))
             return
         self._settle_delivery_verdict(adapter, delivery, ctx, verdict)
+
+    # -- redelivery --------------------------------------------------------------------
+
+    def _redeliver(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+                   verdict: Verdict, handler: Handler) -> None:
+        """Give the delivery back for another attempt after ``verdict.delay_ms``.
+
+        The mechanism depends on the broker (:mod:`mqguard.redelivery`); in every
+        case the broker keeps the message until its next delivery is arranged, so
+        a crash at any point loses nothing.
+        """
+        message = delivery.message
+        delay = verdict.delay_ms
+        mechanism = choose_mechanism(adapter.capabilities, delay)
+        self.events.emit(EventType.REDELIVERY_SCHEDULED, message, queue=ctx.queue,
+                         delay_ms=delay, mechanism=mechanism.value,
+                         delivery_count=message.delivery_count, reason=verdict.reason or None)
+        if mechanism is Mechanism.NACK:
+            self._nack(adapter, delivery, ctx)
+        elif mechanism is Mechanism.BROKER_DELAY:
+            adapter.defer(lambda: self._resend_delayed(adapter, delivery, ctx, delay))
+        elif mechanism is Mechanism.HOLD_NACK:
+            self.redelivery_timer.call_later(delay, lambda: self._release_held(
+                adapter, delivery, ctx, handler, requeue=True))
+        else:
+            self.redelivery_timer.call_later(delay, lambda: self._release_held(
+                adapter, delivery, ctx, handler, requeue=False))
+
+    def _nack(self, adapter: Adapter, delivery: Delivery, ctx: HookContext) -> None:
+        adapter.nack(delivery, requeue=True)
+        self.events.emit(EventType.NACKED, delivery.message, queue=ctx.queue, requeue=True)
+        _observe(self.hook.message_nacked, message=delivery.message, ctx=ctx, requeue=True)
+
+    def _resend_delayed(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+                        delay_ms: int) -> None:
+        """``broker-delay``: the same message again, held back by the broker; then the ack.
+
+        Inside one broker transaction where the broker has them, so the copy and
+        the ack happen together or not at all; otherwise copy first (a crash in
+        between yields two deliveries of one message id, never none).
+        """
+        message = delivery.message
+        headers = dict(message.headers)
+        headers[PRIOR_DELIVERIES_HEADER] = str(message.delivery_count)
+        again = Message(address=message.address, body=message.body,
+                        headers=headers, message_id=message.message_id,
+                        duplicate_id=message.duplicate_id, expiration=message.expiration,
+                        producer_id=message.producer_id, sequence=message.sequence,
+                        scheduled_delivery=now_ms() + delay_ms if delay_ms > 0 else 0)
+        try:
+            if adapter.capabilities.transactions:
+                tx = adapter.begin()
+                try:
+                    adapter.send(again, transaction=tx)
+                    adapter.ack(delivery, transaction=tx)
+                except BaseException:
+                    adapter.abort(tx)
+                    raise
+                adapter.commit(tx)
+            else:
+                adapter.send(again)
+                adapter.ack(delivery)
+        except Exception:
+            log.exception("redelivery of %s on %s through the broker's scheduler failed; left "
+                          "unacknowledged, the broker redelivers it", message.message_id,
+                          ctx.queue)
+
+    def _release_held(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+                      handler: Handler, *, requeue: bool) -> None:
+        """A held delivery is due: NACK it back to the broker, or deliver it here again."""
+        if not adapter.can_settle(delivery):
+            # Its connection was lost meanwhile: the broker redelivers it by itself.
+            log.debug("held redelivery of %s on %s skipped: its connection has ended",
+                      delivery.message.message_id, ctx.queue)
+            return
+        if requeue:
+            with self._serial_lock(adapter, delivery.subscription_id):
+                self._nack(adapter, delivery, ctx)
+            return
+        delivery.message.delivery_count += 1
+        delivery.redelivered = True
+        self.deliver(adapter, delivery, handler, queue=ctx.queue or delivery.message.address)
 
     def _deferred_delivery_verdict(self, adapter: Adapter, delivery: Delivery,
                                    ctx: HookContext, verdict: Verdict) -> None:
@@ -456,6 +570,7 @@ class Guard:
         copy.headers[ORIG_QUEUE_HEADER] = ctx.queue or message.address
         copy.headers[ORIG_MESSAGE_ID_HEADER] = message.message_id
         copy.headers[MOVE_REASON_HEADER] = reason[:500]
+        copy.headers.pop(PRIOR_DELIVERIES_HEADER, None)
         adapter.send(copy)
         self.events.emit(EventType.MOVED, message, queue=ctx.queue, target=address,
                          new_message_id=copy.message_id, reason=reason or None)

@@ -29,6 +29,8 @@ BUILTIN_ADAPTERS: dict[str, str] = {
 BUILTIN_PLUGINS: dict[str, str] = {
     "logging": "mqguard.plugins.logging",
     "duplicate_detection": "mqguard.plugins.duplicate_detection:DuplicateDetectionPlugin",
+    "delivery_counting": "mqguard.plugins.delivery_counting:DeliveryCountingPlugin",
+    "consumer_audit": "mqguard.plugins.consumer_audit:ConsumerAuditPlugin",
 }
 
 ADAPTER_ENTRY_POINT_GROUP = "mqguard.adapters"

@@ -99,6 +99,18 @@ class AddressSettings:
         """Name of the auto-created dead-letter queue of ``address``."""
         return f"{self.dead_letter_queue_prefix}{address}{self.dead_letter_queue_suffix}"
 
+    def dead_letter_target(self, address: str) -> str | None:
+        """Where dead letters of ``address`` go, or None (dropped, as Artemis does).
+
+        With ``auto-create-dead-letter-resources`` the per-address queue
+        ``<prefix><address><suffix>``: Artemis creates that queue on the DLA with a
+        filter on ``_AMQ_ORIG_ADDRESS``; STOMP and MQTT brokers have no such
+        bindings, so mqguard sends to the queue itself (created on first send).
+        """
+        if self.auto_create_dead_letter_resources:
+            return self.dead_letter_queue_for(address)
+        return self.dead_letter_address
+
     def expiry_queue_for(self, address: str) -> str:
         """Name of the auto-created expiry queue of ``address``."""
         return f"{self.expiry_queue_prefix}{address}{self.expiry_queue_suffix}"

@@ -21,6 +21,10 @@ class Action(enum.Enum):
     #: Route a copy to :attr:`Verdict.address` instead (dead-letter, expiry, ...)
     #: and acknowledge the original.
     MOVE = "move"
+    #: Give the message back for another delivery after :attr:`Verdict.delay_ms`
+    #: (on the deliver path only). How depends on the broker: see
+    #: :mod:`mqguard.redelivery`.
+    REDELIVER = "redeliver"
 
 
 class AckReason(enum.Enum):
@@ -44,10 +48,14 @@ class Verdict:
     ack_reason: AckReason = AckReason.KILLED
     #: Name of the event the pipeline writes for this verdict; defaults per action.
     event: str | None = None
+    #: Delay before the redelivery, for :attr:`Action.REDELIVER` (ms, >= 0).
+    delay_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.action is Action.MOVE and not self.address:
             raise ValueError("a MOVE verdict needs a target address")
+        if self.delay_ms < 0:
+            raise ValueError(f"a redelivery delay must be >= 0 ms, got {self.delay_ms}")
 
     @classmethod
     def reject(cls, reason: str, *, event: str | None = None) -> Verdict:
@@ -62,6 +70,10 @@ class Verdict:
     def move(cls, address: str, reason: str, *, event: str | None = None,
              ack_reason: AckReason = AckReason.KILLED) -> Verdict:
         return cls(Action.MOVE, reason, address=address, event=event, ack_reason=ack_reason)
+
+    @classmethod
+    def redeliver(cls, delay_ms: int, reason: str = "", *, event: str | None = None) -> Verdict:
+        return cls(Action.REDELIVER, reason, event=event, delay_ms=delay_ms)
 
 
 CONTINUE = Verdict(Action.CONTINUE)

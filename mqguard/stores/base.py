@@ -1,29 +1,36 @@
 """The one protocol behind all shared state.
 
 Everything the plugins must share between processes, or keep across restarts,
-goes through a :class:`Store`: duplicate-ID rings, delivery counts and
-scheduled redeliveries (more arrive with later features: audit windows,
+goes through a :class:`Store`: duplicate-ID rings, delivery counts, scheduled
+redeliveries and consumer audit windows (more arrive with later features:
 consumer presence, the expiry index). :class:`~mqguard.stores.memory.MemoryStore`
 is the embedded default for one process; :class:`~mqguard.stores.redis.RedisStore`
 serves anything shared or restart-proof. ``tests/stores/test_contract.py`` runs
 the same suite against both, so the semantics below are the contract.
 
-Names (``cache``, ``queue``) are opaque strings chosen by the plugins, usually an
-address or queue name. Every key of one name lives in one Redis Cluster hash slot.
+Names (``cache``, ``queue``, ``scope``) are opaque strings chosen by the plugins, usually
+an address or queue name. Every key of one name lives in one Redis Cluster hash slot.
 
 Failure semantics: a :class:`~mqguard.errors.StoreError` from a call that changes
 state (``ring_check_and_add``, ``ring_add_all_or_none``, ``delivery_count_incr``,
 ``schedule_claim_due``) means the change may or may not have been applied; callers
 must treat the outcome as unknown (the pipeline leaves the message unacknowledged,
-so the broker redelivers it). Every process sharing a store must agree on a
-ring's capacity (``id-cache-size``): a call with another capacity resizes the ring.
+so the broker redelivers it). ``audit_mark`` and ``audit_forget`` are idempotent, so
+after a StoreError they may simply be called again. Every process sharing a store
+must agree on a ring's capacity (``id-cache-size``): a call with another capacity
+resizes the ring; likewise on an audit window's size: a mark with another size
+starts that window afresh.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
+
+#: Audit sequence numbers must stay below this: RedisStore's scripts compute in Lua doubles,
+#: exact for integers up to 2**53. A producer numbering from 0 never gets near it.
+AUDIT_SEQUENCE_LIMIT: Final = 2**53
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +131,39 @@ class Store(Protocol):
 
     def schedule_count(self, queue: str) -> int:
         """Items scheduled on ``queue``, due or not."""
+        ...
+
+    # -- consumer audit windows (ActiveMQ ActiveMQMessageAudit) -----------------------
+    #
+    # The store-backed twin of :class:`~mqguard.sequence_window.SequenceWindow`: a
+    # consumer taking over from a crashed one suppresses what the crashed one handled.
+    # ``scope`` is usually the destination. Per (scope, producer id) a window remembers
+    # which of the newest ``window`` sequence numbers are marked (ints from 0 to below
+    # AUDIT_SEQUENCE_LIMIT). Marking above the highest marked sequence slides the window
+    # forward and forgets the marks that fall out of it; a sequence older than the
+    # window reads as not marked, and marking it changes nothing. A window is forgotten
+    # whole ``ttl_ms`` after its last mark, which bounds the memory of producers that
+    # went away; an implementation may also forget the least recently marked windows
+    # when it holds very many. A mark with a ``window`` other than the stored window's
+    # size drops the stored marks and starts afresh with the new size. A sequence out of
+    # range, ``window`` < 1 or ``ttl_ms`` < 1 raises ValueError before anything changes.
+
+    def audit_seen(self, scope: str, producer_id: str, sequences: Sequence[int]) -> list[bool]:
+        """For each sequence, whether it is marked in the window of (scope, producer id).
+        Reads only: an unknown or expired window has nothing marked."""
+        ...
+
+    def audit_mark(self, scope: str, producer_id: str, sequences: Sequence[int], window: int,
+                   ttl_ms: int) -> None:
+        """Atomically mark the sequences (the handler succeeded for them), creating the
+        window if needed, and forget the window ``ttl_ms`` from now unless marked again.
+        The outcome does not depend on the order of ``sequences``, and repeating a call
+        only extends the expiry again, so a retry is safe. An empty batch changes nothing."""
+        ...
+
+    def audit_forget(self, scope: str, producer_id: str, sequences: Sequence[int]) -> None:
+        """Un-mark the sequences (a rolled-back delivery): the window neither moves nor
+        has its expiry extended. Unknown windows and sequences are ignored; idempotent."""
         ...
 
     # -- lifecycle ---------------------------------------------------------------

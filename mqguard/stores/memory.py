@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Final
 
-from mqguard.stores.base import RingStats, ScheduledItem
+from mqguard.sequence_window import SequenceWindow
+from mqguard.stores.base import AUDIT_SEQUENCE_LIMIT, RingStats, ScheduledItem
+
+#: Most audit windows kept at once; beyond it the least recently marked one is forgotten, as
+#: its TTL would forget it eventually. A 2048-sequence window with its keys costs ~550 bytes
+#: (measured), so ~55 MB at most.
+MAX_AUDIT_WINDOWS: Final = 100_000
 
 
 class _Ring:
@@ -55,14 +64,35 @@ def _check_capacity(capacity: int) -> None:
         raise ValueError(f"ring capacity must be >= 1, got {capacity}")
 
 
+class _Audit:
+    """One (scope, producer) audit window and when it expires (monotonic seconds)."""
+
+    __slots__ = ("expires", "window")
+
+    def __init__(self, window: SequenceWindow, expires: float) -> None:
+        self.window = window
+        self.expires = expires
+
+
+def _check_sequences(sequences: Sequence[int]) -> None:
+    for seq in sequences:
+        if not 0 <= seq < AUDIT_SEQUENCE_LIMIT:
+            raise ValueError(f"audit sequence numbers must be >= 0 and < 2**53, got {seq}")
+
+
 class MemoryStore:
     """:class:`~mqguard.stores.base.Store` kept in this process's memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_audit_windows: int = MAX_AUDIT_WINDOWS) -> None:
+        if max_audit_windows < 1:
+            raise ValueError(f"max_audit_windows must be >= 1, got {max_audit_windows}")
         self._lock = threading.Lock()
         self._rings: dict[str, _Ring] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._scheduled: dict[str, dict[str, ScheduledItem]] = {}
+        # Least recently marked first: an LRU bound, and roughly expiry order too.
+        self._audits: OrderedDict[tuple[str, str], _Audit] = OrderedDict()
+        self._max_audit_windows = max_audit_windows
 
     # -- rings -------------------------------------------------------------------
 
@@ -174,6 +204,59 @@ class MemoryStore:
 
     def schedule_count(self, queue: str) -> int:
         return len(self._scheduled.get(queue, {}))
+
+    # -- consumer audit windows ----------------------------------------------------------
+
+    def _live_audit(self, key: tuple[str, str], now: float) -> _Audit | None:
+        # Expiry is lazy: a window past its TTL is dropped when next looked at (or evicted).
+        audit = self._audits.get(key)
+        if audit is not None and audit.expires <= now:
+            del self._audits[key]
+            return None
+        return audit
+
+    def audit_seen(self, scope: str, producer_id: str, sequences: Sequence[int]) -> list[bool]:
+        _check_sequences(sequences)
+        with self._lock:
+            audit = self._live_audit((scope, producer_id), time.monotonic())
+            if audit is None:
+                return [False] * len(sequences)
+            return [audit.window.seen(seq) for seq in sequences]
+
+    def audit_mark(self, scope: str, producer_id: str, sequences: Sequence[int], window: int,
+                   ttl_ms: int) -> None:
+        _check_sequences(sequences)
+        if window < 1:
+            raise ValueError(f"audit window must be >= 1, got {window}")
+        if ttl_ms < 1:
+            raise ValueError(f"audit ttl_ms must be >= 1, got {ttl_ms}")
+        if not sequences:
+            return
+        key = (scope, producer_id)
+        with self._lock:
+            now = time.monotonic()
+            audit = self._live_audit(key, now)
+            if audit is None or audit.window.size != window:
+                audit = self._audits[key] = _Audit(SequenceWindow(window), now)
+            for seq in sequences:
+                audit.window.mark(seq)
+            audit.expires = now + ttl_ms / 1000
+            self._audits.move_to_end(key)
+            # Drop expired windows from the old end (cheap, and keeps memory near the live
+            # set when TTLs are alike), then enforce the bound.
+            while self._audits:
+                oldest = next(iter(self._audits.values()))
+                if oldest.expires > now and len(self._audits) <= self._max_audit_windows:
+                    break
+                self._audits.popitem(last=False)
+
+    def audit_forget(self, scope: str, producer_id: str, sequences: Sequence[int]) -> None:
+        _check_sequences(sequences)
+        with self._lock:
+            audit = self._live_audit((scope, producer_id), time.monotonic())
+            if audit is not None:
+                for seq in sequences:
+                    audit.window.forget(seq)
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -24,7 +24,14 @@ key                         type     content
 ``mqg:{T}:deliveries``      hash     delivery counts: field = message id, value = count
 ``mqg:{T}:sched:due``       zset     scheduled item id -> due time (epoch ms)
 ``mqg:{T}:sched:data``      hash     scheduled item id -> payload
+``mqg:{T}:audit:meta:<P>``  hash     audit window of producer ``P``: ``w`` (size), ``h``
+                                     (highest marked sequence)
+``mqg:{T}:audit:bits:<P>``  string   its bitmap: bit ``seq % w`` is set when ``seq`` is marked
 ==========================  =======  ========================================================
+
+``<P>`` is the producer id encoded like a tag, so it holds no ``}`` (a ``SCAN`` for ``}:ring``
+never matches an audit key), no glob character and, once prefixed, never collides with
+another producer's keys.
 
 Why this ring layout: a ring must cost <= 64 bytes of ``used_memory`` per id at a million ids.
 Measured on Redis 7.0 (default config), a plain SET of 8-byte digests alone costs ~56 bytes per
@@ -46,6 +53,20 @@ digest (uniform already), otherwise the first 32 bits of its SHA-1. A capacity c
 crosses a power of two changes the shard count and rebuilds the shards from the list, in the
 same script: O(ring size), about 3-4 s per million ids during which that Redis serves
 nothing else, so resizing a huge ring is an operator action, not something to do per message.
+
+Audit windows (``audit_*``, ActiveMQ's message audit) cost ``w / 8`` bytes of bitmap plus two
+small keys' overhead, ~450 bytes per producer at the default 2048. The ring position of
+``seq`` is ``seq % w``. ``audit_mark`` is one script: a sequence above ``h`` first clears the
+slots it slides over (``BITFIELD`` for partial bytes, one ``SETRANGE`` of zero bytes for whole
+ones, so never a loop over the gap), or deletes the bitmap when it jumps by ``w`` or more; a
+sequence at or below ``h - w`` is ignored; the others get their ``SETBIT``; finally both keys
+get ``PEXPIRE ttl_ms``, which is how a producer that went away is forgotten. A stored window of
+another size (or a bitmap without its meta) is dropped first. Sequences travel as decimal
+strings and ``h`` is stored as the argument string it came from, never formatted by Lua
+(which keeps only 14 digits); Lua compares them as doubles, exact below 2**53, hence
+``AUDIT_SEQUENCE_LIMIT``. ``audit_seen`` reads (``HMGET`` + ``GETBIT``) in one script for a
+consistent view; ``audit_forget`` clears bits without touching the expiry. Marking and
+forgetting are idempotent, so both retry after a timeout.
 
 Atomicity: every multi-step update is one Lua script (EVALSHA through redis-py's ``Script``,
 which loads it again after a NOSCRIPT). Scripts receive the ring's meta and list keys and
@@ -92,7 +113,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from mqguard.errors import StoreError
-from mqguard.stores.base import RingStats, ScheduledItem
+from mqguard.stores.base import AUDIT_SEQUENCE_LIMIT, RingStats, ScheduledItem
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisStore", "key_tag", "mask_url"]
 
@@ -385,6 +406,111 @@ return removed
 """
 
 
+# KEYS[1] is an audit window's meta hash (``w`` size, ``h`` highest marked sequence), KEYS[2] its
+# bitmap. Positions (< w) are small; sequences stay below 2**53, exact as doubles, and math.fmod
+# is exact where Lua's '%' (a - floor(a/b)*b) may round.
+_AUDIT_PRELUDE: Final = """
+local meta, bits = KEYS[1], KEYS[2]
+
+-- Clear bits [a, b) of the bitmap: BITFIELD for partial bytes at either end, one SETRANGE of
+-- zero bytes for the whole bytes between.
+local function clear_bits(a, b)
+  if a >= b then return end
+  local first = a + (8 - a % 8) % 8
+  local last = b - b % 8
+  if first >= last then
+    -- Within at most two partial bytes: fewer than 16 bits.
+    redis.call('BITFIELD', bits, 'SET', 'u' .. (b - a), a, 0)
+    return
+  end
+  if first > a then
+    redis.call('BITFIELD', bits, 'SET', 'u' .. (first - a), a, 0)
+  end
+  redis.call('SETRANGE', bits, first / 8, string.rep(string.char(0), (last - first) / 8))
+  if b > last then
+    redis.call('BITFIELD', bits, 'SET', 'u' .. (b - last), last, 0)
+  end
+end
+
+-- Clear the slots of sequences from .. from+count-1 (count < window), wrapping around.
+local function clear_slots(from, count, window)
+  local p = math.fmod(from, window)
+  if p + count <= window then
+    clear_bits(p, p + count)
+  else
+    clear_bits(p, window)
+    clear_bits(0, p + count - window)
+  end
+end
+"""
+
+# ARGV: window, ttl ms, sequence...
+_AUDIT_MARK: Final = _AUDIT_PRELUDE + """
+local window = tonumber(ARGV[1])
+local cur = redis.call('HMGET', meta, 'w', 'h')
+local high, high_arg = -1, nil
+if cur[1] and tonumber(cur[1]) == window then
+  high, high_arg = tonumber(cur[2]), cur[2]
+else
+  -- No window yet, or one of another size: start afresh.
+  redis.call('DEL', bits)
+end
+for i = 3, #ARGV do
+  local seq = tonumber(ARGV[i])
+  if seq > high then
+    if high < 0 or seq - high >= window then
+      redis.call('DEL', bits)
+    elseif seq - high > 1 then
+      -- The slots of high+1 .. seq-1 still hold marks of the previous lap; seq's own slot is
+      -- set just below.
+      clear_slots(high + 1, seq - high - 1, window)
+    end
+    high, high_arg = seq, ARGV[i]
+  end
+  if seq > high - window then
+    redis.call('SETBIT', bits, math.fmod(seq, window), 1)
+  end
+end
+redis.call('HSET', meta, 'w', ARGV[1], 'h', high_arg)
+redis.call('PEXPIRE', meta, ARGV[2])
+redis.call('PEXPIRE', bits, ARGV[2])
+return 0
+"""
+
+# ARGV: sequence... Returns one '0'/'1' flag per sequence.
+_AUDIT_SEEN: Final = _AUDIT_PRELUDE + """
+local cur = redis.call('HMGET', meta, 'w', 'h')
+local window, high = tonumber(cur[1]), tonumber(cur[2])
+local flags = {}
+for i = 1, #ARGV do
+  local seq = tonumber(ARGV[i])
+  if window and seq <= high and seq > high - window
+      and redis.call('GETBIT', bits, math.fmod(seq, window)) == 1 then
+    flags[i] = '1'
+  else
+    flags[i] = '0'
+  end
+end
+return table.concat(flags)
+"""
+
+# ARGV: sequence... Leaves the expiry alone, and never creates a key (which would not expire).
+_AUDIT_FORGET: Final = _AUDIT_PRELUDE + """
+local cur = redis.call('HMGET', meta, 'w', 'h')
+if not cur[1] or redis.call('EXISTS', bits) == 0 then
+  return 0
+end
+local window, high = tonumber(cur[1]), tonumber(cur[2])
+for i = 1, #ARGV do
+  local seq = tonumber(ARGV[i])
+  if seq <= high and seq > high - window then
+    redis.call('SETBIT', bits, math.fmod(seq, window), 0)
+  end
+end
+return 0
+"""
+
+
 # -- names, URLs, errors ----------------------------------------------------------------------
 
 
@@ -494,6 +620,12 @@ def _check_capacity(capacity: int) -> None:
         raise ValueError(f"ring capacity must be >= 1, got {capacity}")
 
 
+def _check_sequences(sequences: Sequence[int]) -> None:
+    for seq in sequences:
+        if not 0 <= seq < AUDIT_SEQUENCE_LIMIT:
+            raise ValueError(f"audit sequence numbers must be >= 0 and < 2**53, got {seq}")
+
+
 def _split_cluster_url(url: str) -> tuple[str, list[ClusterNode]]:
     """``redis+cluster://[auth@]h1:p1[,h2:p2...]/...`` -> (``redis://[auth@]h1:p1/...``, extra
     seed nodes). redis-py wants a plain redis:// URL and takes extra seeds separately."""
@@ -539,6 +671,9 @@ class RedisStore:
         self._s_schedule_add: Script = register(_SCHEDULE_ADD)
         self._s_schedule_claim: Script = register(_SCHEDULE_CLAIM)
         self._s_schedule_remove: Script = register(_SCHEDULE_REMOVE)
+        self._s_audit_mark: Script = register(_AUDIT_MARK)
+        self._s_audit_seen: Script = register(_AUDIT_SEEN)
+        self._s_audit_forget: Script = register(_AUDIT_FORGET)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str = DEFAULT_NAMESPACE,
@@ -613,6 +748,11 @@ class RedisStore:
 
     def _sched_keys(self, queue: str) -> list[str]:
         return [self._key(queue, "sched:due"), self._key(queue, "sched:data")]
+
+    def _audit_keys(self, scope: str, producer_id: str) -> list[str]:
+        producer = key_tag(producer_id)
+        return [self._key(scope, "audit:meta:" + producer),
+                self._key(scope, "audit:bits:" + producer)]
 
     def _primaries(self) -> list[redis.Redis]:
         if isinstance(self._client, RedisCluster):
@@ -736,6 +876,40 @@ class RedisStore:
         key = self._key(queue, "sched:due")
         return int(self._call("schedule_count", lambda: self._client.zcard(key),
                               idempotent=True))
+
+    # -- consumer audit windows ------------------------------------------------------------
+
+    def audit_seen(self, scope: str, producer_id: str, sequences: Sequence[int]) -> list[bool]:
+        _check_sequences(sequences)
+        if not sequences:
+            return []
+        keys, args = self._audit_keys(scope, producer_id), [int(seq) for seq in sequences]
+        reply = self._call("audit_seen", lambda: self._s_audit_seen(keys=keys, args=args),
+                           idempotent=True)
+        return _flags(reply)
+
+    def audit_mark(self, scope: str, producer_id: str, sequences: Sequence[int], window: int,
+                   ttl_ms: int) -> None:
+        _check_sequences(sequences)
+        if window < 1:
+            raise ValueError(f"audit window must be >= 1, got {window}")
+        if ttl_ms < 1:
+            raise ValueError(f"audit ttl_ms must be >= 1, got {ttl_ms}")
+        if not sequences:
+            return
+        keys = self._audit_keys(scope, producer_id)
+        args = [int(window), int(ttl_ms), *(int(seq) for seq in sequences)]
+        # Idempotent: a rerun sets the same bits and extends the same expiry.
+        self._call("audit_mark", lambda: self._s_audit_mark(keys=keys, args=args),
+                   idempotent=True)
+
+    def audit_forget(self, scope: str, producer_id: str, sequences: Sequence[int]) -> None:
+        _check_sequences(sequences)
+        if not sequences:
+            return
+        keys, args = self._audit_keys(scope, producer_id), [int(seq) for seq in sequences]
+        self._call("audit_forget", lambda: self._s_audit_forget(keys=keys, args=args),
+                   idempotent=True)
 
     # -- lifecycle -------------------------------------------------------------------------
 

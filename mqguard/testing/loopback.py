@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
 from mqguard.errors import AdapterError
-from mqguard.message import Message
+from mqguard.message import Message, now_ms
 
 
 @dataclass
@@ -73,7 +73,10 @@ class LoopbackAdapter:
     def send(self, message: Message, *, transaction: str | None = None) -> None:
         if self.fail_sends:
             raise AdapterError("loopback: send refused (fail_sends is set)")
+        if message.scheduled_delivery and not self._capabilities.delayed_delivery:
+            raise AdapterError("loopback: delayed delivery disabled by capabilities")
         frozen = Message.from_wire(message.address, message.body, message.wire_headers())
+        frozen.scheduled_delivery = message.scheduled_delivery
         if transaction is not None:
             self._transactions[transaction].append(frozen)
         else:
@@ -97,12 +100,18 @@ class LoopbackAdapter:
         """Deliver queued messages to the subscriptions; returns how many were delivered."""
         delivered = 0
         for subscription, (address, callback) in list(self._subscriptions.items()):
+            # Scheduled messages not yet due go to the back; each is looked at once per pump.
+            skips = 0
             while delivered < limit:
                 with self.loop.lock:
                     queue = self.loop.queues.get(address)
-                    if not queue:
+                    if not queue or skips >= len(queue):
                         break
                     message, redeliveries = queue.popleft()
+                    if message.scheduled_delivery > now_ms():
+                        queue.append((message, redeliveries))
+                        skips += 1
+                        continue
                 copy = Message.from_wire(address, message.body, message.wire_headers())
                 callback(
                     Delivery(
@@ -114,6 +123,9 @@ class LoopbackAdapter:
 
     def ack(self, delivery: Delivery, *, transaction: str | None = None) -> None:
         self.acked.append(delivery.message)
+
+    def can_settle(self, delivery: Delivery) -> bool:
+        return self.connected and delivery.ack_token is not None
 
     def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
         self.nacked.append(delivery.message)

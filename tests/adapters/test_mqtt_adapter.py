@@ -79,8 +79,9 @@ def test_mqtt5_round_trip_with_user_properties_and_guard_headers(
     assert 59 <= int(delivery.raw_headers["message-expiry-interval"]) <= 60
     assert delivery.subscription_id == sub_id
     assert delivery.redelivered is False
-    mid, qos = delivery.ack_token
+    mid, qos, _connection = delivery.ack_token
     assert qos == 1 and mid > 0
+    assert consumer.can_settle(delivery)
     consumer.ack(delivery)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -351,6 +352,251 @@ def test_lifecycle(store: Store) -> None:
     store.ping()
     store.close()
     store.close()
+
+
+# -- consumer audit windows -------------------------------------------------------------------
+
+TTL = 60_000  # ms: long enough that no window expires during a test unless it means to
+
+
+def test_audit_mark_then_seen(store: Store) -> None:
+    assert store.audit_seen("q", "p", [0, 1, 2]) == [False] * 3  # no window yet
+    store.audit_mark("q", "p", [1, 2, 3], 2048, TTL)
+    assert store.audit_seen("q", "p", [0, 1, 2, 3, 4]) == [False, True, True, True, False]
+    store.audit_mark("q", "p", [3, 2, 3], 2048, TTL)  # marking again changes nothing
+    assert store.audit_seen("q", "p", [3, 2, 1, 0]) == [True, True, True, False]
+    assert store.audit_seen("q", "p", []) == []
+    store.audit_mark("q", "p", [], 2048, TTL)
+    store.audit_forget("q", "p", [])
+    assert store.audit_seen("q", "p", [1, 4]) == [True, False]
+
+
+def test_audit_unmarked_sequences_are_not_seen(store: Store) -> None:
+    store.audit_mark("q", "p", [10, 12], 64, TTL)
+    assert store.audit_seen("q", "p", [9, 10, 11, 12, 13, 10**6]) == [
+        False, True, False, True, False, False]
+
+
+def test_audit_window_slides_and_forgets_old_marks(store: Store) -> None:
+    store.audit_mark("q", "p", list(range(8)), 8, TTL)
+    assert store.audit_seen("q", "p", list(range(8))) == [True] * 8
+    store.audit_mark("q", "p", [10], 8, TTL)  # the window is now 3..10
+    assert store.audit_seen("q", "p", list(range(12))) == (
+        [False] * 3 + [True] * 5 + [False, False, True, False])
+    # Sliding by less than a window in one step, wrapping around the bitmap: 8, 9 and 11..20
+    # must not inherit the slots' old marks.
+    store.audit_mark("q", "p", [21], 13, TTL)  # another size: starts afresh
+    store.audit_mark("q", "p", list(range(9, 22)), 13, TTL)
+    store.audit_mark("q", "p", [32], 13, TTL)
+    assert store.audit_seen("q", "p", list(range(19, 34))) == (
+        [False] + [True] * 2 + [False] * 10 + [True, False])
+
+
+@pytest.mark.parametrize("size", [13, 64, 100])
+def test_audit_slide_clears_exactly_the_slots_passed_over(store: Store, size: int) -> None:
+    # Each round fills the whole window, then slides it by a gap: the slots passed over (at
+    # varying bitmap offsets, with and without wrap-around, partial and whole bytes) must read
+    # unmarked, everything else in the window marked.
+    gaps = [g for g in (2, 3, 7, 8, 9, 15, 16, 17, 23, size - 1) if g < size]
+    high = -1
+    for step in range(40):
+        store.audit_mark("q", "p", list(range(max(0, high - size + 1), high + 1)) or [0], size,
+                         TTL)
+        high = max(high, 0)
+        new = high + gaps[step % len(gaps)]
+        store.audit_mark("q", "p", [new], size, TTL)
+        probe = list(range(high - size, new + 2))
+        want = [new - size < s <= high or s == new for s in probe]
+        assert store.audit_seen("q", "p", probe) == want, (step, high, new)
+        high = new
+
+
+def test_audit_older_than_window_is_not_seen(store: Store) -> None:
+    store.audit_mark("q", "p", [100], 4, TTL)
+    assert store.audit_seen("q", "p", [96, 97, 100]) == [False, False, True]
+    store.audit_mark("q", "p", [96, 97], 4, TTL)  # 96 is below the window 97..100: ignored
+    assert store.audit_seen("q", "p", [95, 96, 97, 98, 100]) == [False, False, True, False, True]
+    # A jump of a window or more forgets everything.
+    store.audit_mark("q", "p", [104], 4, TTL)
+    assert store.audit_seen("q", "p", [97, 100, 104]) == [False, False, True]
+
+
+def test_audit_batch_order_does_not_matter(store: Store) -> None:
+    batch = [5000, 1, 4999, 2953, 2952, 7000, 4953]
+    store.audit_mark("q", "a", batch, 2048, TTL)
+    store.audit_mark("q", "b", sorted(batch), 2048, TTL)
+    store.audit_mark("q", "c", sorted(batch, reverse=True), 2048, TTL)
+    probe = [*batch, 4952, 5001]
+    want = [seq > 7000 - 2048 and seq in batch for seq in probe]
+    for producer in "abc":
+        assert store.audit_seen("q", producer, probe) == want, producer
+
+
+def test_audit_window_size_one(store: Store) -> None:
+    store.audit_mark("q", "p", [3], 1, TTL)
+    assert store.audit_seen("q", "p", [2, 3, 4]) == [False, True, False]
+    store.audit_mark("q", "p", [2, 4], 1, TTL)
+    assert store.audit_seen("q", "p", [2, 3, 4]) == [False, False, True]
+
+
+def test_audit_other_window_size_starts_afresh(store: Store) -> None:
+    store.audit_mark("q", "p", [1, 2], 8, TTL)
+    store.audit_mark("q", "p", [3], 16, TTL)
+    assert store.audit_seen("q", "p", [1, 2, 3]) == [False, False, True]
+    store.audit_mark("q", "p", [4], 16, TTL)
+    assert store.audit_seen("q", "p", [3, 4]) == [True, True]
+
+
+def test_audit_scopes_and_producers_are_independent(store: Store) -> None:
+    store.audit_mark("q1", "p1", [1], 2048, TTL)
+    store.audit_mark("q1", "p2", [2], 2048, TTL)
+    store.audit_mark("q2", "p1", [3], 2048, TTL)
+    assert store.audit_seen("q1", "p1", [1, 2, 3]) == [True, False, False]
+    assert store.audit_seen("q1", "p2", [1, 2, 3]) == [False, True, False]
+    assert store.audit_seen("q2", "p1", [1, 2, 3]) == [False, False, True]
+    assert store.audit_seen("q2", "p2", [1, 2, 3]) == [False] * 3
+    # Sliding one producer's window leaves the others alone.
+    store.audit_mark("q1", "p1", [10**6], 2048, TTL)
+    assert store.audit_seen("q1", "p2", [2]) == [True]
+    assert store.audit_seen("q2", "p1", [3]) == [True]
+
+
+def test_audit_forget(store: Store) -> None:
+    store.audit_mark("q", "p", [1, 2, 3, 4, 5], 8, TTL)
+    store.audit_forget("q", "p", [2, 4, 99, 0])
+    assert store.audit_seen("q", "p", [1, 2, 3, 4, 5]) == [True, False, True, False, True]
+    store.audit_forget("q", "p", [2, 5])  # again, and the highest: the window stays put
+    assert store.audit_seen("q", "p", [1, 2, 3, 4, 5]) == [True, False, True, False, False]
+    store.audit_mark("q", "p", [2], 8, TTL)
+    assert store.audit_seen("q", "p", [2]) == [True]
+    store.audit_forget("missing", "p", [1])  # an unknown window: nothing to do, nothing made
+    store.audit_forget("q", "missing", [1])
+    assert store.audit_seen("missing", "p", [1]) == [False]
+    assert store.audit_seen("q", "p", [1, 3]) == [True, True]
+
+
+def test_audit_ttl_expiry(store: Store) -> None:
+    store.audit_mark("q", "gone", [1, 2], 2048, 200)
+    store.audit_mark("q", "stays", [1], 2048, TTL)
+    assert store.audit_seen("q", "gone", [1, 2]) == [True, True]
+    time.sleep(0.4)
+    assert store.audit_seen("q", "gone", [1, 2]) == [False, False]
+    assert store.audit_seen("q", "stays", [1]) == [True]
+    # The expired window is gone whole: marking starts afresh (its old high does not linger).
+    store.audit_mark("q", "gone", [0], 2048, TTL)
+    assert store.audit_seen("q", "gone", [0, 1, 2]) == [True, False, False]
+
+
+def test_audit_mark_extends_ttl_and_forget_does_not(store: Store) -> None:
+    store.audit_mark("q", "marked", [1], 2048, 500)
+    store.audit_mark("q", "forgotten", [1, 2], 2048, 500)
+    time.sleep(0.3)
+    store.audit_mark("q", "marked", [2], 2048, 500)
+    store.audit_forget("q", "forgotten", [1])
+    time.sleep(0.35)  # 0.65 s after the first marks, 0.35 s after the second
+    assert store.audit_seen("q", "marked", [1, 2]) == [True, True]
+    assert store.audit_seen("q", "forgotten", [1, 2]) == [False, False]
+
+
+def test_audit_awkward_names(store: Store) -> None:
+    # Includes ids that could pose as another key's suffix if escaped carelessly.
+    producers = [*AWKWARD_NAMES, "x}:ring", "meta:x", "bits:x"]
+    pairs = [(scope, producer) for scope in AWKWARD_NAMES for producer in producers]
+    for i, (scope, producer) in enumerate(pairs):
+        store.audit_mark(scope, producer, [i], len(pairs), TTL)
+    for i, (scope, producer) in enumerate(pairs):
+        flags = store.audit_seen(scope, producer, list(range(len(pairs))))
+        assert flags == [j == i for j in range(len(pairs))], (scope, producer)
+    assert store.ring_names() == []  # audit keys never pass for rings
+
+
+def test_audit_large_sequences(store: Store) -> None:
+    big = 2**40
+    store.audit_mark("q", "p", [big, big + 1, big + 2047], 2048, TTL)
+    assert store.audit_seen("q", "p", [big - 1, big, big + 1, big + 2, big + 2047]) == [
+        False, True, True, False, True]
+    store.audit_mark("q", "p", [big + 2048], 2048, TTL)  # slides by one: big falls out
+    assert store.audit_seen("q", "p", [big, big + 1, big + 2048]) == [False, True, True]
+    top = 2**53 - 1  # the largest allowed, exact in Lua doubles
+    store.audit_mark("q", "top", [top - 1, top - 3000, top], 2048, TTL)
+    assert store.audit_seen("q", "top", [top - 3000, top - 2, top - 1, top]) == [
+        False, False, True, True]
+    store.audit_forget("q", "top", [top])
+    assert store.audit_seen("q", "top", [top - 1, top]) == [True, False]
+
+
+@pytest.mark.parametrize("seq", [-1, 2**53])
+def test_audit_sequence_out_of_range_is_rejected(store: Store, seq: int) -> None:
+    for call in (lambda: store.audit_mark("q", "p", [1, seq], 8, TTL),
+                 lambda: store.audit_seen("q", "p", [seq]),
+                 lambda: store.audit_forget("q", "p", [seq])):
+        with pytest.raises(ValueError, match="sequence"):
+            call()
+    assert store.audit_seen("q", "p", [1]) == [False]  # nothing of the batch was applied
+
+
+def test_audit_bad_window_or_ttl_is_rejected(store: Store) -> None:
+    with pytest.raises(ValueError, match="window"):
+        store.audit_mark("q", "p", [1], 0, TTL)
+    with pytest.raises(ValueError, match="ttl"):
+        store.audit_mark("q", "p", [1], 8, 0)
+    assert store.audit_seen("q", "p", [1]) == [False]
+
+
+class AuditModel:
+    """The audit window semantics of base.py as plainly as possible (no expiry)."""
+
+    def __init__(self) -> None:
+        # (scope, producer) -> (window size, marked sequences, highest marked)
+        self.windows: dict[tuple[str, str], tuple[int, set[int], int]] = {}
+
+    def seen(self, key: tuple[str, str], seq: int) -> bool:
+        size, marked, high = self.windows.get(key, (1, set(), -1))
+        return seq in marked and seq > high - size
+
+    def mark(self, key: tuple[str, str], seqs: list[int], size: int) -> None:
+        old = self.windows.get(key)
+        _, marked, high = old if old and old[0] == size else (size, set(), -1)
+        self.windows[key] = (size, marked | set(seqs), max([high, *seqs]))
+
+    def forget(self, key: tuple[str, str], seqs: list[int]) -> None:
+        if key in self.windows:
+            self.windows[key][1].difference_update(seqs)
+
+
+# Sequences relative to the producer's highest mark (slides of less than a window, both ways,
+# wrapping around the bitmap at sizes that are and are not multiples of 8), or absolute jumps.
+_AUDIT_SEQS = st.lists(st.one_of(st.tuples(st.just("rel"), st.integers(-20, 20)),
+                                 st.tuples(st.just("abs"), st.integers(0, 10**6))),
+                       min_size=1, max_size=6)
+_AUDIT_KEYS = st.tuples(st.sampled_from(["a", "{b}"]), st.sampled_from(["p", ""]))
+_AUDIT_OPS = st.lists(st.tuples(st.sampled_from(["mark", "seen", "forget"]), _AUDIT_KEYS,
+                                _AUDIT_SEQS),
+                      max_size=15)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.sampled_from([1, 3, 8, 13, 17, 100]), ops=_AUDIT_OPS)
+def test_random_audit_operations_match_model(store: Store, size: int, ops: list[tuple]) -> None:
+    prefix = f"prop-{uuid.uuid4().hex[:8]}-"
+    model = AuditModel()
+    for kind, (scope, producer), steps in ops:
+        key = (prefix + scope, producer)
+        high = model.windows.get(key, (size, set(), -1))[2]
+        seqs = [max(0, high + v) if base == "rel" else v for base, v in steps]
+        if kind == "mark":
+            store.audit_mark(*key, seqs, size, TTL)
+            model.mark(key, seqs, size)
+        elif kind == "forget":
+            store.audit_forget(*key, seqs)
+            model.forget(key, seqs)
+        else:
+            assert store.audit_seen(*key, seqs) == [model.seen(key, s) for s in seqs], seqs
+        # Every slot of the window, and one past each end.
+        high = model.windows.get(key, (size, set(), -1))[2]
+        probe = list(range(max(0, high - size), high + 2))
+        assert store.audit_seen(*key, probe) == [model.seen(key, s) for s in probe], (kind, seqs)
 
 
 # -- property: random ring operations match a simple model ---------------------------------------

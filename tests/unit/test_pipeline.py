@@ -100,8 +100,8 @@ def test_consumer_acks_on_success_and_nacks_on_failure(guard: Guard,
     assert [m.body for m in adapter.acked] == [b"ok", b"fail"]
     assert [m.body for m in adapter.nacked] == [b"fail"]
     kinds = [e["type"] for e in events(guard) if e["type"] != "sent"]
-    assert kinds == ["delivered", "acked", "delivered", "handler_failed", "nacked",
-                     "delivered", "acked"]
+    assert kinds == ["delivered", "acked", "delivered", "handler_failed",
+                     "redelivery_scheduled", "nacked", "delivered", "acked"]
 
 
 def test_move_verdict_copies_with_orig_headers(guard: Guard, adapter: LoopbackAdapter) -> None:

@@ -1,0 +1,138 @@
+"""``consumer_audit``: suppress duplicate deliveries (ActiveMQ Classic's message audit).
+
+Guarded producers stamp a producer id and a per-producer increasing sequence
+(``mqguard-producer`` / ``mqguard-seq``). The consumer keeps, per destination
+(LRU of ``max-destinations``, default 1000) and per producer (LRU of
+``max-producers``, default 64), a window of ``window`` (default 2048) sequence
+numbers (:mod:`mqguard.sequence_window`, ActiveMQ ``ActiveMQMessageAudit``).
+
+A sequence is *marked* once the handler has succeeded, before the ack. A later
+delivery of a marked sequence is a duplicate delivery -- typically the broker
+redelivering, after a failover or a lost connection, messages whose handler
+ran but whose ack never arrived. ``action`` decides what happens to it:
+
+``ack`` (default)
+    acknowledge it silently; the handler is not called. This avoids the
+    dead-letter flood ActiveMQ Classic produces after a failover.
+``poison``
+    ActiveMQ-compatible: move it to the dead-letter target with the cause
+    ``Suppressing duplicate delivery on connection, consumer <id>``.
+``log``
+    deliver it anyway, with a WARN line and a ``duplicate_delivery_logged`` event.
+
+Every suppression writes ``duplicate_delivery_suppressed``.
+
+A failed delivery is never marked, so the redeliveries of the redelivery policy
+are not duplicates. Messages without a producer id and sequence (not sent
+through a guarded producer) are not audited.
+
+With ``shared = true`` the marks are also written to the store (one round trip
+after each successful handler, one check per delivery), so a consumer that
+takes over from a crashed one suppresses what that one had already handled. The
+window that remains: a crash after the handler succeeded and before its mark
+was written -- the next consumer runs the handler again. A store that cannot be
+reached is logged and the local audit alone decides (availability first: the
+mark is a safety net, not a lock).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from pydantic import Field
+
+from mqguard import hookimpl
+from mqguard.config import MqguardConfig, PluginOptions, parse_plugin_options
+from mqguard.context import HookContext
+from mqguard.errors import StoreError
+from mqguard.events import EventType
+from mqguard.message import Message
+from mqguard.sequence_window import ConsumerAudit
+from mqguard.verdict import AckReason, Verdict
+
+log = logging.getLogger("mqguard.plugins.consumer_audit")
+
+NAME = "consumer_audit"
+
+
+class ConsumerAuditOptions(PluginOptions):
+    """``[plugins.consumer_audit]``."""
+
+    action: Literal["ack", "poison", "log"] = "ack"
+    window: int = Field(2048, ge=1, le=1 << 20)
+    max_producers: int = Field(64, ge=1, le=1 << 20)
+    max_destinations: int = Field(1000, ge=1, le=1 << 20)
+    #: Also keep the marks in the store, for consumers that take over from crashed ones.
+    shared: bool = False
+    #: A producer's shared window is forgotten this long after its last mark.
+    shared_ttl_ms: int = Field(24 * 3600 * 1000, ge=1000)
+
+
+class ConsumerAuditPlugin:
+    """One instance per guard: the guard's consumers share one audit (like a connection)."""
+
+    def __init__(self) -> None:
+        self.options = ConsumerAuditOptions()
+        self.audit = ConsumerAudit()
+
+    @hookimpl
+    def configure(self, config: MqguardConfig) -> None:
+        self.options = options = parse_plugin_options(config, NAME, ConsumerAuditOptions)
+        self.audit = ConsumerAudit(options.max_destinations, options.max_producers,
+                                   options.window)
+
+    @hookimpl(tryfirst=True)
+    def before_deliver(self, message: Message, ctx: HookContext) -> Verdict | None:
+        producer, sequence = message.producer_id, message.sequence
+        if producer is None or sequence is None:
+            return None
+        destination = ctx.queue or message.address
+        duplicate = self.audit.seen(destination, producer, sequence)
+        if not duplicate and self.options.shared:
+            try:
+                duplicate = ctx.store.audit_seen(destination, producer, [sequence])[0]
+            except StoreError as exc:
+                log.warning("shared consumer audit unavailable, local audit only: %s", exc)
+        if not duplicate:
+            return None
+        return self._on_duplicate(message, ctx, destination)
+
+    @hookimpl
+    def after_deliver(self, message: Message, ctx: HookContext,
+                      error: BaseException | None) -> None:
+        producer, sequence = message.producer_id, message.sequence
+        if error is not None or producer is None or sequence is None:
+            return
+        destination = ctx.queue or message.address
+        self.audit.mark(destination, producer, sequence)
+        if self.options.shared:
+            try:
+                ctx.store.audit_mark(destination, producer, [sequence], self.options.window,
+                                     self.options.shared_ttl_ms)
+            except StoreError as exc:
+                log.warning("shared consumer audit mark of %s/%s on %s not written (a consumer "
+                            "taking over after a crash could handle it again): %s", producer,
+                            sequence, destination, exc)
+
+    def _on_duplicate(self, message: Message, ctx: HookContext,
+                      destination: str) -> Verdict | None:
+        what = (f"duplicate delivery of {message.message_id} (producer {message.producer_id}, "
+                f"sequence {message.sequence}) on {destination}")
+        action = self.options.action
+        if action == "log":
+            log.warning("%s: delivered anyway (consumer_audit action = log)", what)
+            ctx.events.emit(EventType.DUPLICATE_DELIVERY_LOGGED, message, queue=ctx.queue)
+            return None
+        if action == "ack":
+            log.info("%s: acknowledged without handling", what)
+            return Verdict.drop(what, event=EventType.DUPLICATE_DELIVERY_SUPPRESSED,
+                                ack_reason=AckReason.NORMAL)
+        cause = (f"Suppressing duplicate delivery on connection, consumer "
+                 f"{ctx.guard.node_id}:{destination}")
+        target = ctx.settings.dead_letter_target(message.address)
+        if target is None:
+            log.warning("%s: no dead-letter-address for action = poison, dropped", what)
+            return Verdict.drop(f"{cause} (no dead-letter-address)",
+                                event=EventType.DUPLICATE_DELIVERY_SUPPRESSED)
+        return Verdict.move(target, cause, event=EventType.DUPLICATE_DELIVERY_SUPPRESSED)
