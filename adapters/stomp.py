@@ -126,7 +126,7 @@ import stomp.protocol  # type: ignore[import-untyped]
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
 from mqguard.errors import AdapterError, TransactionRolledBack
 from mqguard.jobthread import JobThread
-from mqguard.message import Message, now_ms
+from mqguard.message import Message, now_ms, parse_wire_int
 from mqguard.registry import redact_url
 
 __all__ = ["BROKER_CAPABILITIES", "StompAdapter"]
@@ -876,9 +876,10 @@ class StompAdapter:
     @staticmethod
     def _native_count(broker: str, sub: _Subscription, headers: Mapping[str, str]) -> int | None:
         raw = headers.get("x-delivery-count")
-        if raw is not None and raw.isdigit():
+        number = parse_wire_int(raw) if raw is not None else None
+        if number is not None:
             # RabbitMQ counts the *earlier* deliveries: absent, then 1, 2...
-            return int(raw) + 1
+            return number + 1
         if broker == "rabbitmq" and sub.headers.get("x-queue-type") == "quorum":
             return 1  # a quorum queue omits the header on the first delivery
         return None

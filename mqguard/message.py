@@ -43,6 +43,24 @@ MOVE_REASON_HEADER: Final = "mqguard-move-reason"
 PRIOR_DELIVERIES_HEADER: Final = "mqguard-prior-deliveries"
 
 
+#: Largest sequence / expiration accepted from the wire: integers stay exact in every
+#: store (Redis scores and Lua numbers are doubles) and in JSON consumers.
+MAX_WIRE_INTEGER: Final = 2**53 - 1
+
+
+def parse_wire_int(value: str) -> int | None:
+    """A non-negative decimal integer from a header, or None when it is not one.
+
+    Strict: ASCII digits only (``str.isdigit`` also accepts "²", which ``int``
+    refuses), at most 16 of them, and no larger than :data:`MAX_WIRE_INTEGER`.
+    Headers come from the network; a bad one must never raise.
+    """
+    if not value or len(value) > 16 or not value.isascii() or not value.isdigit():
+        return None
+    number = int(value)
+    return number if number <= MAX_WIRE_INTEGER else None
+
+
 def new_message_id() -> str:
     """Return a fresh 128-bit random id as 32 hex characters.
 
@@ -132,10 +150,10 @@ class Message:
                 duplicate_id = value
             elif key == PRODUCER_ID_HEADER:
                 producer_id = value
-            elif key == SEQUENCE_HEADER and value.isdigit():
-                sequence = int(value)
-            elif key == EXPIRATION_HEADER and value.isdigit():
-                expiration = int(value)
+            elif key == SEQUENCE_HEADER and (number := parse_wire_int(value)) is not None:
+                sequence = number
+            elif key == EXPIRATION_HEADER and (number := parse_wire_int(value)) is not None:
+                expiration = number
             else:
                 app[key] = value
         return cls(

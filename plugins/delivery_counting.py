@@ -40,7 +40,7 @@ from mqguard import hookimpl
 from mqguard.config import MqguardConfig, PluginOptions, parse_plugin_options
 from mqguard.context import HookContext
 from mqguard.events import EventType
-from mqguard.message import PRIOR_DELIVERIES_HEADER, Message
+from mqguard.message import PRIOR_DELIVERIES_HEADER, Message, parse_wire_int
 from mqguard.settings import AddressSettings
 from mqguard.verdict import AckReason, Verdict
 
@@ -160,6 +160,5 @@ class DeliveryCountingPlugin:
 
 def _prior_deliveries(message: Message) -> int | None:
     raw = message.headers.get(PRIOR_DELIVERIES_HEADER)
-    if raw is None or not raw.isdigit() or len(raw) > 9:
-        return None
-    return int(raw)
+    number = parse_wire_int(raw) if raw is not None else None
+    return number if number is not None and number < 1_000_000_000 else None

@@ -7,8 +7,8 @@
 
 Key layout
 ----------
-Every key of one name (ring name or queue) carries the same hash tag, so they all sit in one
-Cluster slot and one Lua script may touch them all. The tag is the name percent-encoded
+Every key of one name (ring name, queue or audit scope) carries the same hash tag, so they all
+sit in one Cluster slot and one Lua script may touch them all. The tag is the name percent-encoded
 (UTF-8, :func:`urllib.parse.quote`): ``%``, ``{``, ``}``, space, ``"``, the glob characters
 ``*?[]\\``, control and non-ASCII characters are escaped, so a tag never contains ``}`` and a
 readable name stays readable. The empty name, whose tag would be empty (and Redis would then
@@ -54,19 +54,20 @@ crosses a power of two changes the shard count and rebuilds the shards from the 
 same script: O(ring size), about 3-4 s per million ids during which that Redis serves
 nothing else, so resizing a huge ring is an operator action, not something to do per message.
 
-Audit windows (``audit_*``, ActiveMQ's message audit) cost ``w / 8`` bytes of bitmap plus two
-small keys' overhead, ~450 bytes per producer at the default 2048. The ring position of
-``seq`` is ``seq % w``. ``audit_mark`` is one script: a sequence above ``h`` first clears the
-slots it slides over (``BITFIELD`` for partial bytes, one ``SETRANGE`` of zero bytes for whole
-ones, so never a loop over the gap), or deletes the bitmap when it jumps by ``w`` or more; a
-sequence at or below ``h - w`` is ignored; the others get their ``SETBIT``; finally both keys
-get ``PEXPIRE ttl_ms``, which is how a producer that went away is forgotten. A stored window of
-another size (or a bitmap without its meta) is dropped first. Sequences travel as decimal
-strings and ``h`` is stored as the argument string it came from, never formatted by Lua
-(which keeps only 14 digits); Lua compares them as doubles, exact below 2**53, hence
-``AUDIT_SEQUENCE_LIMIT``. ``audit_seen`` reads (``HMGET`` + ``GETBIT``) in one script for a
-consistent view; ``audit_forget`` clears bits without touching the expiry. Marking and
-forgetting are idempotent, so both retry after a timeout.
+Audit windows (``audit_*``, ActiveMQ's message audit) cost ``w / 8`` bytes of bitmap plus the
+overhead of two keys: measured on Redis 7.0, ~900 bytes of ``used_memory`` per producer at the
+default 2048 with ~30-character scope and producer ids. ``seq`` lives at bit ``seq % w``.
+``audit_mark`` is one script: a sequence above ``h`` first clears the slots it slides over
+(``BITFIELD`` for partial bytes, one ``SETRANGE`` of zero bytes for whole ones, so never a loop
+over the gap), or deletes the bitmap when it jumps by ``w`` or more; a sequence at or below
+``h - w`` is ignored; the others get their ``SETBIT``; finally both keys get ``PEXPIRE
+ttl_ms``, which is how a producer that went away is forgotten. A stored window of another size
+(or a bitmap without its meta) is dropped first. Sequences travel as decimal strings and ``h``
+is stored as the argument string it came from, never formatted by Lua (which keeps only 14
+digits); Lua compares them as doubles, exact below 2**53, hence ``AUDIT_SEQUENCE_LIMIT``.
+``audit_seen`` reads (``HMGET`` + ``GETBIT``) in one script for a consistent view;
+``audit_forget`` clears bits without touching the expiry. Marking and forgetting are
+idempotent, so both retry after a timeout.
 
 Atomicity: every multi-step update is one Lua script (EVALSHA through redis-py's ``Script``,
 which loads it again after a NOSCRIPT). Scripts receive the ring's meta and list keys and

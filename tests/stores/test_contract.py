@@ -398,14 +398,12 @@ def test_audit_slide_clears_exactly_the_slots_passed_over(store: Store, size: in
     # varying bitmap offsets, with and without wrap-around, partial and whole bytes) must read
     # unmarked, everything else in the window marked.
     gaps = [g for g in (2, 3, 7, 8, 9, 15, 16, 17, 23, size - 1) if g < size]
-    high = -1
+    high = size - 1
     for step in range(40):
-        store.audit_mark("q", "p", list(range(max(0, high - size + 1), high + 1)) or [0], size,
-                         TTL)
-        high = max(high, 0)
+        store.audit_mark("q", "p", list(range(high - size + 1, high + 1)), size, TTL)
         new = high + gaps[step % len(gaps)]
         store.audit_mark("q", "p", [new], size, TTL)
-        probe = list(range(high - size, new + 2))
+        probe = list(range(high - size + 1, new + 2))
         want = [new - size < s <= high or s == new for s in probe]
         assert store.audit_seen("q", "p", probe) == want, (step, high, new)
         high = new

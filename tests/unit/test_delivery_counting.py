@@ -249,7 +249,7 @@ def test_redelivery_delays_are_honoured(tmp_path: Path, caps: Capabilities) -> N
     gaps = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
     assert len(gaps) == 3
     for gap, expected in zip(gaps, [60, 120, 240], strict=True):
-        assert expected <= gap < expected + 150, gaps
+        assert expected <= gap < expected + 400, gaps  # never early; late only by load
     mechanisms = {e["mechanism"] for e in events(guard) if e["type"] == "redelivery_scheduled"}
     assert mechanisms == {choose_mechanism(caps, 60).value}
     guard.close()
