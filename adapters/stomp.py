@@ -1197,10 +1197,33 @@ class StompAdapter:
                     raise AdapterError(f"no open transaction {transaction!r} on {self.where}")
         conn, token = self._take_ack(delivery, "ack")
         try:
-            conn.ack(token, transaction=transaction)
+            self._write_ack(conn, "ACK", token, transaction=transaction)
         except (stomp.exception.StompException, OSError) as exc:
             raise AdapterError(f"cannot ack on {self.where}: connection lost "
                                f"({type(exc).__name__}); the broker redelivers it") from None
+
+    @staticmethod
+    def _write_ack(conn: Any, command: str, token: str, *, transaction: str | None = None,
+                   extra: Mapping[str, str] | None = None) -> None:
+        """Write an ACK/NACK frame.
+
+        On plain TCP the frame is encoded here and written in one ``send``: stomp.py's
+        generic frame path (listeners, header escaping through regexes) costs ~30 us per
+        ACK, the largest single item of a guarded receive. TLS goes through stomp.py.
+        """
+        transport = conn.transport
+        if not transport.blocking:
+            if command == "ACK":
+                conn.ack(token, transaction=transaction)
+            else:
+                conn.nack(token, transaction=transaction, **(extra or {}))
+            return
+        frame = f"{command}\nid:{token.translate(_ESCAPES)}"
+        if transaction is not None:
+            frame += f"\ntransaction:{transaction.translate(_ESCAPES)}"
+        for key, value in (extra or {}).items():
+            frame += f"\n{key}:{value}"
+        transport.send((frame + "\n\n\x00").encode("utf-8"))
 
     def can_settle(self, delivery: Delivery) -> bool:
         """True while ``delivery`` is unacknowledged on the current connection.
@@ -1222,7 +1245,7 @@ class StompAdapter:
         conn, token = self._take_ack(delivery, "nack")
         extra = {"requeue": "true" if requeue else "false"} if self.broker == "rabbitmq" else {}
         try:
-            conn.nack(token, **extra)
+            self._write_ack(conn, "NACK", token, extra=extra)
         except (stomp.exception.StompException, OSError) as exc:
             raise AdapterError(f"cannot nack on {self.where}: connection lost "
                                f"({type(exc).__name__})") from None

@@ -20,6 +20,7 @@ from mqguard.config import MqguardConfig, load_config
 from mqguard.context import HookContext
 from mqguard.errors import MessageRejected, TransactionRolledBack
 from mqguard.events import EventLog, EventType, NullEventLog
+from mqguard.hookcall import HotCall
 from mqguard.message import (
     MOVE_REASON_HEADER,
     ORIG_ADDRESS_HEADER,
@@ -115,6 +116,12 @@ class Guard:
         self.events: EventLog = events if events is not None else make_event_log(self.config)
         self.plugins = plugin_manager or make_plugin_manager(self.config)
         self.hook = self.plugins.hook
+        # The hooks called once per message, without pluggy's per-call overhead.
+        self._before_send = HotCall(self.hook.before_send)
+        self._after_send = HotCall(self.hook.after_send)
+        self._before_deliver = HotCall(self.hook.before_deliver)
+        self._after_deliver = HotCall(self.hook.after_deliver)
+        self._acknowledged = HotCall(self.hook.message_acknowledged)
         #: Holds deliveries whose redelivery waits in this process (see mqguard.redelivery).
         self.redelivery_timer = RedeliveryTimer()
         # One lock per subscription: a held redelivery runs the handler on the timer
@@ -178,7 +185,7 @@ class Guard:
         """Stamp the message id and ask the ``before_send`` hooks; record non-CONTINUE verdicts."""
         if not message.message_id:
             message.message_id = new_message_id()
-        verdict = self.hook.before_send(message=message, ctx=ctx)
+        verdict = self._before_send.first(message=message, ctx=ctx)
         if verdict is None:
             return Verdict(Action.CONTINUE)
         if verdict.action is not Action.CONTINUE:
@@ -286,7 +293,7 @@ class Guard:
             return
         for message, ctx in outgoing:
             self.events.emit(EventType.SENT, message)
-            _observe(self.hook.after_send, message=message, ctx=ctx)
+            self._after_send.each(message=message, ctx=ctx)
 
     # -- transactions ------------------------------------------------------------------
 
@@ -369,8 +376,7 @@ class Guard:
         ctx.redelivered = delivery.redelivered
         with self._serial_lock(adapter, delivery.subscription_id):
             try:
-                caller = self.hook.before_deliver
-                verdict = caller(message=message, ctx=ctx) if caller.get_hookimpls() else None
+                verdict = self._before_deliver.first(message=message, ctx=ctx)
                 if verdict is not None and verdict.action is not Action.CONTINUE:
                     self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
                     return
@@ -382,7 +388,7 @@ class Guard:
                 except Exception as error:
                     self._handler_failed(adapter, delivery, ctx, error, handler)
                     return
-                _observe(self.hook.after_deliver, message=message, ctx=ctx, error=None)
+                self._after_deliver.each(message=message, ctx=ctx, error=None)
                 self._ack(adapter, delivery, ctx, AckReason.NORMAL)
             except Exception:
                 # A plugin or the broker failed: leave the message unacknowledged so
@@ -556,7 +562,7 @@ class Guard:
         adapter.ack(delivery)
         message = delivery.message
         self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=reason.value)
-        _observe(self.hook.message_acknowledged, message=message, ctx=ctx, reason=reason)
+        self._acknowledged.each(message=message, ctx=ctx, reason=reason)
 
     def move(self, adapter: Adapter, message: Message, address: str, ctx: HookContext,
              reason: str) -> Message:
