@@ -132,6 +132,8 @@ PROTOCOLS: Final = {
 PROPERTY_ERRORS_KEY: Final = "mqguard-property-errors"
 #: Longest MQTT 5 property value (a two-byte length prefix).
 MAX_MQTT_STRING: Final = 65535
+#: Topics whose matching subscription is remembered (see MqttAdapter._match).
+MAX_CACHED_ROUTES: Final = 10_000
 #: Why a method that waits for the broker refuses to run on the delivery (network) thread.
 ON_DELIVERY_THREAD: Final = (
     "cannot wait for the broker's confirmation on the delivery thread; use a separate "
@@ -197,8 +199,10 @@ def read_user_properties(
             problems.append(f"malformed user property #{index} ignored")
             continue
         key, value = pair
-        if len(key.encode("utf-8", "replace")) > max_bytes \
-                or len(value.encode("utf-8", "replace")) > max_bytes:
+        # The wire format caps each string at MAX_MQTT_STRING bytes: check only a lower limit.
+        if max_bytes < MAX_MQTT_STRING and (
+                len(key.encode("utf-8", "replace")) > max_bytes
+                or len(value.encode("utf-8", "replace")) > max_bytes):
             problems.append(f"user property {key[:40]!r} longer than {max_bytes} bytes ignored")
             continue
         if key in headers:
@@ -354,6 +358,8 @@ class MqttAdapter:
         #: CONNACKs seen; stamped into ack tokens so a delivery from an earlier connection
         #: is known to be void (see can_settle).
         self._connects = 0
+        #: topic -> subscription (or None) answers of _match; cleared when _subs changes.
+        self._routes: dict[str, _Subscription | None] = {}
         self._connack = threading.Event()
         self._connack_error: str | None = None
         self._subs: dict[str, _Subscription] = {}
@@ -506,6 +512,7 @@ class MqttAdapter:
             client, self._client = self._client, None
             self._network_thread = None
             self._subs.clear()
+            self._routes.clear()
             self._orphans.clear()
             self._unawaited.clear()
             self._acks.notify_all()
@@ -606,11 +613,22 @@ class MqttAdapter:
 
     def _match(self, topic: str) -> _Subscription | None:
         # Caller holds the lock. First matching subscription wins: one PUBLISH has one ack,
-        # so it is never handed to two callbacks.
+        # so it is never handed to two callbacks. paho's topic_matches_sub builds a matcher
+        # per call (~10 us), so answers are cached per topic until the subscriptions change;
+        # the cache is bounded because topics come from the network.
+        try:
+            return self._routes[topic]
+        except KeyError:
+            pass
+        found = None
         for sub in self._subs.values():
             if paho.topic_matches_sub(sub.topic, topic):
-                return sub
-        return None
+                found = sub
+                break
+        if len(self._routes) >= MAX_CACHED_ROUTES:
+            self._routes.clear()
+        self._routes[topic] = found
+        return found
 
     def _hold(self, msg: paho.MQTTMessage, topic: str) -> None:
         # Caller holds the lock.
@@ -808,6 +826,7 @@ class MqttAdapter:
             if any(s.topic == topic for s in self._subs.values()):
                 raise AdapterError(f"{address!r} is already subscribed on this adapter")
             self._subs[sub.id] = sub
+            self._routes.clear()
             # Messages a resumed session pushed before this subscribe() (see _hold).
             for held in [m for m in self._orphans if paho.topic_matches_sub(topic, m.topic)]:
                 self._orphans.remove(held)
@@ -818,6 +837,7 @@ class MqttAdapter:
         except BaseException:
             with self._lock:
                 self._subs.pop(sub.id, None)
+                self._routes.clear()
             raise
         return sub.id
 
@@ -850,6 +870,7 @@ class MqttAdapter:
             self._dispatcher.drain(self._publish_timeout)
         with self._lock:
             sub = self._subs.pop(subscription_id, None)
+            self._routes.clear()
         if sub is None:
             return
         client = self._require_client("unsubscribe")
