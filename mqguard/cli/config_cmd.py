@@ -9,6 +9,7 @@ import click
 
 from mqguard.config import load_config
 from mqguard.errors import ConfigError
+from mqguard.plugin_manager import make_plugin_manager
 
 
 @click.group()
@@ -19,12 +20,17 @@ def config() -> None:
 @config.command("check")
 @click.argument("path", required=False, type=click.Path(dir_okay=False))
 def check(path: str | None) -> None:
-    """Validate PATH (default ./mqguard.toml); exit 2 with every error named."""
+    """Validate PATH (default ./mqguard.toml) and every plugin's table; exit 1 with every
+    error named."""
     try:
         cfg = load_config(path)
+        # Plugins validate their own [plugins.<name>] tables in their configure hook.
+        manager = make_plugin_manager(cfg)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"{cfg.source}: OK ({len(cfg.address_settings)} address-settings entries)")
+    plugins = sorted(name for name, _ in manager.list_name_plugin() if name)
+    click.echo(f"{cfg.source}: OK ({len(cfg.address_settings)} address-settings entries; "
+               f"plugins: {', '.join(plugins)})")
 
 
 @config.command("show")

@@ -37,6 +37,18 @@ def test_config_check_reports_errors(tmp_path: Path) -> None:
     assert 'address-settings."#".redelivery-delay = -5' in result.output
 
 
+def test_config_check_validates_plugin_tables(tmp_path: Path) -> None:
+    bad = tmp_path / "mqguard.toml"
+    bad.write_text('[plugins.consumer_audit]\naction = "nope"\n')
+    result = CliRunner().invoke(main, ["config", "check", str(bad)])
+    assert result.exit_code == 1
+    assert "plugins.consumer_audit.action = 'nope'" in result.output
+    good = tmp_path / "good.toml"
+    good.write_text('[plugins.consumer_audit]\naction = "poison"\n')
+    result = CliRunner().invoke(main, ["config", "check", str(good)])
+    assert result.exit_code == 0 and "consumer_audit, delivery_counting" in result.output
+
+
 def test_config_show_effective_settings(tmp_path: Path) -> None:
     cfg = tmp_path / "mqguard.toml"
     cfg.write_text('[address-settings."orders.#"]\nmax-delivery-attempts = 3\n')
