@@ -51,6 +51,22 @@ class ScheduledItem:
     due_ms: int
 
 
+def check_audit_sequences(sequences: Sequence[int]) -> None:
+    """ValueError unless every sequence is in ``[0, AUDIT_SEQUENCE_LIMIT)`` (all stores)."""
+    for seq in sequences:
+        if not 0 <= seq < AUDIT_SEQUENCE_LIMIT:
+            raise ValueError(f"audit sequence numbers must be >= 0 and < 2**53, got {seq}")
+
+
+def check_audit_mark(sequences: Sequence[int], window: int, ttl_ms: int) -> None:
+    """The argument checks of :meth:`Store.audit_mark`, the same in every store."""
+    check_audit_sequences(sequences)
+    if window < 1:
+        raise ValueError(f"audit window must be >= 1, got {window}")
+    if ttl_ms < 1:
+        raise ValueError(f"audit ttl_ms must be >= 1, got {ttl_ms}")
+
+
 @runtime_checkable
 class Store(Protocol):
     """Shared state. Implementations must be safe to call from several threads."""

@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from typing import Final
 
 from mqguard.sequence_window import SequenceWindow
-from mqguard.stores.base import AUDIT_SEQUENCE_LIMIT, RingStats, ScheduledItem
+from mqguard.stores.base import (
+    RingStats,
+    ScheduledItem,
+    check_audit_mark,
+    check_audit_sequences,
+)
 
 #: Most audit windows kept at once; beyond it the least recently marked one is forgotten, as
 #: its TTL would forget it eventually. A 2048-sequence window with its keys costs ~550 bytes
@@ -73,11 +78,6 @@ class _Audit:
         self.window = window
         self.expires = expires
 
-
-def _check_sequences(sequences: Sequence[int]) -> None:
-    for seq in sequences:
-        if not 0 <= seq < AUDIT_SEQUENCE_LIMIT:
-            raise ValueError(f"audit sequence numbers must be >= 0 and < 2**53, got {seq}")
 
 
 class MemoryStore:
@@ -216,7 +216,7 @@ class MemoryStore:
         return audit
 
     def audit_seen(self, scope: str, producer_id: str, sequences: Sequence[int]) -> list[bool]:
-        _check_sequences(sequences)
+        check_audit_sequences(sequences)
         with self._lock:
             audit = self._live_audit((scope, producer_id), time.monotonic())
             if audit is None:
@@ -225,11 +225,7 @@ class MemoryStore:
 
     def audit_mark(self, scope: str, producer_id: str, sequences: Sequence[int], window: int,
                    ttl_ms: int) -> None:
-        _check_sequences(sequences)
-        if window < 1:
-            raise ValueError(f"audit window must be >= 1, got {window}")
-        if ttl_ms < 1:
-            raise ValueError(f"audit ttl_ms must be >= 1, got {ttl_ms}")
+        check_audit_mark(sequences, window, ttl_ms)
         if not sequences:
             return
         key = (scope, producer_id)
@@ -251,7 +247,7 @@ class MemoryStore:
                 self._audits.popitem(last=False)
 
     def audit_forget(self, scope: str, producer_id: str, sequences: Sequence[int]) -> None:
-        _check_sequences(sequences)
+        check_audit_sequences(sequences)
         with self._lock:
             audit = self._live_audit((scope, producer_id), time.monotonic())
             if audit is not None:

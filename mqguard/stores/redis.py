@@ -114,7 +114,12 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from mqguard.errors import StoreError
-from mqguard.stores.base import AUDIT_SEQUENCE_LIMIT, RingStats, ScheduledItem
+from mqguard.stores.base import (
+    RingStats,
+    ScheduledItem,
+    check_audit_mark,
+    check_audit_sequences,
+)
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisStore", "key_tag", "mask_url"]
 
@@ -621,11 +626,6 @@ def _check_capacity(capacity: int) -> None:
         raise ValueError(f"ring capacity must be >= 1, got {capacity}")
 
 
-def _check_sequences(sequences: Sequence[int]) -> None:
-    for seq in sequences:
-        if not 0 <= seq < AUDIT_SEQUENCE_LIMIT:
-            raise ValueError(f"audit sequence numbers must be >= 0 and < 2**53, got {seq}")
-
 
 def _split_cluster_url(url: str) -> tuple[str, list[ClusterNode]]:
     """``redis+cluster://[auth@]h1:p1[,h2:p2...]/...`` -> (``redis://[auth@]h1:p1/...``, extra
@@ -881,7 +881,7 @@ class RedisStore:
     # -- consumer audit windows ------------------------------------------------------------
 
     def audit_seen(self, scope: str, producer_id: str, sequences: Sequence[int]) -> list[bool]:
-        _check_sequences(sequences)
+        check_audit_sequences(sequences)
         if not sequences:
             return []
         keys, args = self._audit_keys(scope, producer_id), [int(seq) for seq in sequences]
@@ -891,11 +891,7 @@ class RedisStore:
 
     def audit_mark(self, scope: str, producer_id: str, sequences: Sequence[int], window: int,
                    ttl_ms: int) -> None:
-        _check_sequences(sequences)
-        if window < 1:
-            raise ValueError(f"audit window must be >= 1, got {window}")
-        if ttl_ms < 1:
-            raise ValueError(f"audit ttl_ms must be >= 1, got {ttl_ms}")
+        check_audit_mark(sequences, window, ttl_ms)
         if not sequences:
             return
         keys = self._audit_keys(scope, producer_id)
@@ -905,7 +901,7 @@ class RedisStore:
                    idempotent=True)
 
     def audit_forget(self, scope: str, producer_id: str, sequences: Sequence[int]) -> None:
-        _check_sequences(sequences)
+        check_audit_sequences(sequences)
         if not sequences:
             return
         keys, args = self._audit_keys(scope, producer_id), [int(seq) for seq in sequences]
