@@ -22,6 +22,7 @@ from mqguard.errors import MessageRejected, TransactionRolledBack
 from mqguard.events import EventLog, EventType, NullEventLog
 from mqguard.hookcall import HotCall
 from mqguard.message import (
+    ACTUAL_EXPIRY_HEADER,
     MOVE_REASON_HEADER,
     ORIG_ADDRESS_HEADER,
     ORIG_MESSAGE_ID_HEADER,
@@ -548,7 +549,8 @@ class Guard:
                                  ctx: HookContext, verdict: Verdict) -> None:
         message = delivery.message
         if verdict.action is Action.MOVE and verdict.address:
-            self.move(adapter, message, verdict.address, ctx, verdict.reason)
+            self.move(adapter, message, verdict.address, ctx, verdict.reason,
+                      expiry=verdict.expiry)
             if verdict.event:
                 self.events.emit(verdict.event, message, queue=ctx.queue,
                                  reason=verdict.reason or None, target=verdict.address)
@@ -556,6 +558,8 @@ class Guard:
             event = verdict.event or EventType.DELIVERY_DROPPED
             self.events.emit(event, message, queue=ctx.queue, reason=verdict.reason or None)
         self._ack(adapter, delivery, ctx, verdict.ack_reason)
+        if verdict.expiry:
+            self.hook.message_expired(message=message, ctx=ctx, moved_to=verdict.address)
 
     def _ack(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
              reason: AckReason) -> None:
@@ -565,13 +569,17 @@ class Guard:
         self._acknowledged.each(message=message, ctx=ctx, reason=reason)
 
     def move(self, adapter: Adapter, message: Message, address: str, ctx: HookContext,
-             reason: str) -> Message:
+             reason: str, *, expiry: bool = False) -> Message:
         """Send a copy of ``message`` to ``address`` with Artemis's ``_AMQ_ORIG_*`` headers.
 
         The copy is confirmed by the broker before the caller acknowledges the
         original, so a crash in between yields a duplicate copy, never a loss.
+        An ``expiry`` copy has no expiration and carries ``_AMQ_ACTUAL_EXPIRY``.
         """
         copy = message.copy_for(address, delivery_count=0)
+        if expiry:
+            copy.expiration = 0
+            copy.headers[ACTUAL_EXPIRY_HEADER] = str(now_ms())
         copy.headers[ORIG_ADDRESS_HEADER] = message.address
         copy.headers[ORIG_QUEUE_HEADER] = ctx.queue or message.address
         copy.headers[ORIG_MESSAGE_ID_HEADER] = message.message_id

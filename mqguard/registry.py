@@ -31,6 +31,9 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "duplicate_detection": "mqguard.plugins.duplicate_detection:DuplicateDetectionPlugin",
     "delivery_counting": "mqguard.plugins.delivery_counting:DeliveryCountingPlugin",
     "consumer_audit": "mqguard.plugins.consumer_audit:ConsumerAuditPlugin",
+    # After consumer_audit: both are tryfirst on before_deliver and pluggy calls the
+    # later one first, so an expired message is expired even if it is also a duplicate.
+    "expiry": "mqguard.plugins.expiry:ExpiryPlugin",
 }
 
 ADAPTER_ENTRY_POINT_GROUP = "mqguard.adapters"

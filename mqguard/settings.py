@@ -111,6 +111,13 @@ class AddressSettings:
             return self.dead_letter_queue_for(address)
         return self.dead_letter_address
 
+    def expiry_target(self, address: str) -> str | None:
+        """Where expired messages of ``address`` go, or None (dropped); see
+        :meth:`dead_letter_target` for the auto-created queue."""
+        if self.auto_create_expiry_resources:
+            return self.expiry_queue_for(address)
+        return self.expiry_address
+
     def expiry_queue_for(self, address: str) -> str:
         """Name of the auto-created expiry queue of ``address``."""
         return f"{self.expiry_queue_prefix}{address}{self.expiry_queue_suffix}"

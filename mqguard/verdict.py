@@ -50,6 +50,9 @@ class Verdict:
     event: str | None = None
     #: Delay before the redelivery, for :attr:`Action.REDELIVER` (ms, >= 0).
     delay_ms: int = 0
+    #: The message expired (Artemis ``expire``): a MOVE copy loses its expiration and
+    #: gets ``_AMQ_ACTUAL_EXPIRY``; ``message_expired`` is called after the move or drop.
+    expiry: bool = False
 
     def __post_init__(self) -> None:
         if self.action is Action.MOVE and not self.address:
@@ -70,6 +73,12 @@ class Verdict:
     def move(cls, address: str, reason: str, *, event: str | None = None,
              ack_reason: AckReason = AckReason.KILLED) -> Verdict:
         return cls(Action.MOVE, reason, address=address, event=event, ack_reason=ack_reason)
+
+    @classmethod
+    def expire(cls, address: str | None, reason: str) -> Verdict:
+        """An expired message: moved to ``address`` (the expiry address), or dropped if None."""
+        return cls(Action.MOVE if address else Action.DROP, reason, address=address,
+                   ack_reason=AckReason.EXPIRED, event="expired", expiry=True)
 
     @classmethod
     def redeliver(cls, delay_ms: int, reason: str = "", *, event: str | None = None) -> Verdict:
