@@ -179,8 +179,11 @@ BROKER_MESSAGE_HEADERS: Final = frozenset(
      # ActiveMQ's scheduler: a message re-sent with its old scheduledJobId would be taken
      # for one already scheduled and delivered at once, ignoring the new delay.
      "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD", "AMQ_SCHEDULED_REPEAT",
-     "AMQ_SCHEDULED_CRON", "scheduledJobId"}
+     "AMQ_SCHEDULED_CRON", "scheduledJobId", "MQGUARD_EXPIRES"}
 )
+
+#: ActiveMQ copy of ``mqguard-expires`` that JMS selectors can name (see _send_headers).
+SELECTOR_EXPIRES_HEADER: Final = "MQGUARD_EXPIRES"
 
 #: Longest ERROR body kept in an exception message (ActiveMQ sends whole Java stack traces).
 MAX_ERROR_BODY: Final = 600
@@ -427,6 +430,7 @@ class StompAdapter:
         vhost: str | None = None,
         heartbeats: tuple[int, int] = (10000, 10000),
         persistent: bool = True,
+        native_expiry: bool = False,
         receipt_timeout: float = 10.0,
         connect_timeout: float = 10.0,
         reconnect_attempts: int = 10,
@@ -456,6 +460,7 @@ class StompAdapter:
         self._vhost = vhost if vhost is not None else endpoint.vhost
         self._heartbeats = (int(heartbeats[0]), int(heartbeats[1]))
         self._persistent = persistent
+        self._native_expiry = bool(native_expiry)
         self._receipt_timeout = receipt_timeout
         self._connect_timeout = connect_timeout
         self._reconnect_attempts = max(0, int(reconnect_attempts))
@@ -972,7 +977,15 @@ class StompAdapter:
         if self._persistent:
             headers.setdefault("persistent", "true")
         if message.expiration:
-            if broker in ("activemq", "artemis"):
+            if broker == "activemq":
+                # A selector-friendly copy (JMS identifiers cannot contain '-'): the reaper
+                # selects expired messages with it, leaving every other message in place.
+                headers[SELECTOR_EXPIRES_HEADER] = str(message.expiration)
+                if self._native_expiry:
+                    # ActiveMQ then expires by itself, to ActiveMQ.DLQ, before the reaper
+                    # or a consumer sees the message: off unless asked for.
+                    headers["expires"] = str(message.expiration)
+            elif broker == "artemis":
                 headers["expires"] = str(message.expiration)
             elif broker == "rabbitmq":
                 # Relative and >= 1: RabbitMQ closes the connection on a negative value.

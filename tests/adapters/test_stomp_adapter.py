@@ -454,7 +454,9 @@ def test_activemq_nack_is_a_poison_ack_to_the_dlq(amq: Factory, unique_name: str
 # -- expiry, selectors, browsing ------------------------------------------------------------------
 
 def test_expiration_maps_to_the_native_ttl(stomp: Factory, broker: str, unique_name: str) -> None:
-    adapter = stomp()
+    """RabbitMQ: native ``expiration``. ActiveMQ: native ``expires`` only with
+    ``native_expiry=True`` (otherwise the guard and its reaper expire, see below)."""
+    adapter = stomp(native_expiry=True) if broker == "activemq" else stomp()
     adapter.send(_guarded(unique_name, b"expired", expiration=now_ms() - 1000))
     live = _guarded(unique_name, b"live", expiration=now_ms() + 60_000)
     adapter.send(live)
@@ -470,6 +472,29 @@ def test_expiration_maps_to_the_native_ttl(stomp: Factory, broker: str, unique_n
     else:
         assert 0 < int(raw["expiration"]) <= 60_000  # relative ms
     assert inbox.deliveries[0].message.expiration == live.expiration  # guard header too
+
+
+@pytest.mark.activemq
+def test_activemq_expiry_is_left_to_the_guard_with_a_selectable_header(
+        amq: Factory, unique_name: str) -> None:
+    adapter = amq()
+    stale = _guarded(unique_name, b"expired", expiration=now_ms() - 1000)
+    fresh = _guarded(unique_name, b"fresh", expiration=now_ms() + 60_000)
+    adapter.send_many([stale, fresh, _guarded(unique_name, b"never")])
+    expired = Inbox()
+    # What the reaper does: select only what has expired; everything else stays put.
+    # ActiveMQ converts the string property to the literal's type: compare with a long only
+    # ("MQGUARD_EXPIRES > 0" converts to int and never matches a 13-digit value).
+    adapter.subscribe(unique_name, expired,
+                      SubscribeOptions(selector=f"MQGUARD_EXPIRES <= {now_ms()}"))
+    (got,) = expired.wait_for(1)
+    assert got.message.body == b"expired" and got.message.expiration == stale.expiration
+    assert "MQGUARD_EXPIRES" not in got.message.headers  # a transport detail
+    assert len(expired.quiet(0.3)) == 1
+    adapter.ack(got)
+    rest = Inbox()
+    adapter.subscribe(unique_name, rest)
+    assert [d.message.body for d in rest.wait_for(2)] == [b"fresh", b"never"]
 
 
 @pytest.mark.activemq
