@@ -374,7 +374,8 @@ class MqttAdapter:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(native_ttl=self._v5, persistent=True)
+        return Capabilities(native_ttl=self._v5, persistent=True,
+                            expiry_reaping="native-drop" if self._v5 else "none")
 
     @property
     def connected(self) -> bool:

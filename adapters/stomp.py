@@ -139,12 +139,12 @@ BROKER_CAPABILITIES: Final[Mapping[str, Capabilities]] = {
     "activemq": Capabilities(
         transactions=True, nack_requeue=False, selectors=True, browse=True,
         native_delivery_count=False, delayed_delivery=True, native_ttl=True,
-        stable_message_id=True, persistent=True,
+        stable_message_id=True, persistent=True, expiry_reaping="selector",
     ),
     "rabbitmq": Capabilities(
         transactions=True, nack_requeue=True, selectors=False, browse=False,
         native_delivery_count=True, delayed_delivery=False, native_ttl=True,
-        stable_message_id=False, persistent=True,
+        stable_message_id=False, persistent=True, expiry_reaping="dead-letter",
     ),
     "artemis": Capabilities(
         transactions=True, nack_requeue=False, selectors=True, browse=False,
@@ -947,6 +947,16 @@ class StompAdapter:
         raise AdapterError(f"cannot {action} on {self.where}: {why}")
 
     # -- sending --------------------------------------------------------------------------------
+
+    @staticmethod
+    def expired_selector(at_ms: int) -> str:
+        """JMS selector of the messages that have expired by ``at_ms`` (ActiveMQ).
+
+        ActiveMQ converts a string property to the type of the literal it is compared
+        with: the literal must be a long (a small int literal would convert the 13-digit
+        value to an int, fail, and match nothing).
+        """
+        return f"{SELECTOR_EXPIRES_HEADER} <= {max(int(at_ms), 1 << 32)}"
 
     @staticmethod
     def destination(address: str) -> str:

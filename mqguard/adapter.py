@@ -42,6 +42,12 @@ class Capabilities:
     stable_message_id: bool = False
     #: Messages survive a broker restart when sent persistent.
     persistent: bool = False
+    #: How the expiry reaper finds messages that expired at rest (mqguard.reaper):
+    #: ``selector`` (a selector subscription takes only expired messages: ActiveMQ),
+    #: ``dead-letter`` (the broker's own TTL dead-letters them to a queue the reaper
+    #: drains: RabbitMQ), ``native-drop`` (the broker drops them itself and tells no one:
+    #: MQTT 5), ``none`` (no way: expired messages are caught at delivery only).
+    expiry_reaping: str = "none"
 
 
 @dataclass(slots=True)

@@ -569,12 +569,14 @@ class Guard:
         self._acknowledged.each(message=message, ctx=ctx, reason=reason)
 
     def move(self, adapter: Adapter, message: Message, address: str, ctx: HookContext,
-             reason: str, *, expiry: bool = False) -> Message:
+             reason: str, *, expiry: bool = False, transaction: str | None = None) -> Message:
         """Send a copy of ``message`` to ``address`` with Artemis's ``_AMQ_ORIG_*`` headers.
 
         The copy is confirmed by the broker before the caller acknowledges the
         original, so a crash in between yields a duplicate copy, never a loss.
-        An ``expiry`` copy has no expiration and carries ``_AMQ_ACTUAL_EXPIRY``.
+        An ``expiry`` copy has no expiration and carries ``_AMQ_ACTUAL_EXPIRY``. Inside
+        a ``transaction`` the copy is sent at COMMIT and the caller writes the events
+        after it (the ``moved`` event and hook are then left to the caller too).
         """
         copy = message.copy_for(address, delivery_count=0)
         if expiry:
@@ -585,8 +587,13 @@ class Guard:
         copy.headers[ORIG_MESSAGE_ID_HEADER] = message.message_id
         copy.headers[MOVE_REASON_HEADER] = reason[:500]
         copy.headers.pop(PRIOR_DELIVERIES_HEADER, None)
-        adapter.send(copy)
-        self.events.emit(EventType.MOVED, message, queue=ctx.queue, target=address,
+        adapter.send(copy, transaction=transaction)
+        if transaction is None:
+            self.moved(message, copy, ctx, reason)
+        return copy
+
+    def moved(self, message: Message, copy: Message, ctx: HookContext, reason: str) -> None:
+        """Record a confirmed move: the ``moved`` event and the ``message_moved`` hook."""
+        self.events.emit(EventType.MOVED, message, queue=ctx.queue, target=copy.address,
                          new_message_id=copy.message_id, reason=reason or None)
         self.hook.message_moved(original=message, copy=copy, ctx=ctx, reason=reason)
-        return copy

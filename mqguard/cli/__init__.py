@@ -13,6 +13,7 @@ from mqguard.cli.bench import bench
 from mqguard.cli.config_cmd import config
 from mqguard.cli.dedup import dedup
 from mqguard.cli.demo import demo
+from mqguard.cli.reap import reap
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,3 +36,4 @@ main.add_command(demo)
 main.add_command(bench)
 main.add_command(config)
 main.add_command(dedup)
+main.add_command(reap)
