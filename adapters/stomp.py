@@ -30,11 +30,11 @@ persistence            only with ``persistent:true``        ``persistent:true`` 
 native TTL             ``expires``: absolute epoch ms       ``expiration``: relative ms string;
                        (0 = never); an expired message is   negative is a *connection* error. An
                        never delivered (goes to             already expired message is sent with
-                       ActiveMQ.DLQ)                        ``1``: it dies on the queue unless a
-                                                            consumer is waiting at that very
-                                                            moment (the guard's own
-                                                            ``mqguard-expires`` check still
-                                                            catches that case)
+                       ActiveMQ.DLQ). Sent only with        ``1``: it dies on the queue unless a
+                       ``native_expiry=True``; by default   consumer is waiting at that very
+                       ``MQGUARD_EXPIRES`` (selectable)     moment (the guard's own
+                       lets the guard and its reaper        ``mqguard-expires`` check still
+                       expire it                            catches that case)
 NACK                   a *poison ack*: straight to          requeues at once (``requeue:true``,
                        ActiveMQ.DLQ, no redelivery          the default); ``requeue:false`` drops
                        (``Capabilities.nack_requeue``       or dead-letters
