@@ -59,7 +59,8 @@ def test_mqtt5_round_trip_with_user_properties_and_guard_headers(
         mqtt: Factory, address: str) -> None:
     consumer = mqtt()
     assert consumer.broker == "mosquitto"
-    assert consumer.capabilities == Capabilities(native_ttl=True, persistent=True)
+    assert consumer.capabilities == Capabilities(native_ttl=True, persistent=True,
+                                                 expiry_reaping="native-drop")
     inbox = Inbox()
     sub_id = consumer.subscribe(address, inbox)
 
