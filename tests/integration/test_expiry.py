@@ -161,6 +161,32 @@ def test_activemq_reaper_moves_expired_at_rest(url: str, expired_inbox: list[Mes
     guard.close()
 
 
+@pytest.mark.parametrize("url", BROKERS[:1], indirect=True)
+def test_running_reaper_moves_within_one_scan_period(url: str, expired_inbox: list[Message],
+                                                     tmp_path: Path, unique_name: str) -> None:
+    guard = make_guard(tmp_path, unique_name)
+    adapter = open_adapter(url)
+    reaper = ExpiryReaper(guard, adapter, [unique_name], idle_ms=100)
+    stop = threading.Event()
+    runner = threading.Thread(target=reaper.run, args=(stop, 500), daemon=True)
+    runner.start()
+    try:
+        time.sleep(0.3)
+        with GuardedProducer(open_adapter(url), guard) as producer:
+            producer.send(unique_name, b"expiring", ttl_ms=100)
+        expired_at = time.monotonic() + 0.1
+        wait_for(lambda: expired_inbox, 5, "the reaper to move the expired message")
+        took = time.monotonic() - expired_at
+        print(f"reaped {took * 1000:.0f} ms after expiry (scan period 500 ms)")
+        assert took <= 0.5 + 0.5  # one period, plus a scan's own time on a loaded box
+    finally:
+        stop.set()
+        runner.join(10)
+    assert not runner.is_alive()
+    adapter.close()
+    guard.close()
+
+
 @pytest.mark.parametrize("url", BROKERS[1:2], indirect=True)
 def test_rabbitmq_reaper_routes_what_the_broker_expired(
         url: str, expired_inbox: list[Message], rabbitmq_server: Any, tmp_path: Path,
