@@ -381,8 +381,8 @@ class Guard:
                 if verdict is not None and verdict.action is not Action.CONTINUE:
                     self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
                     return
+                # (delivery_count is among the message's own event fields)
                 self.events.emit(EventType.DELIVERED, message, queue=queue,
-                                 delivery_count=message.delivery_count,
                                  native_delivery_count=delivery.native_delivery_count)
                 try:
                     handler(message)
