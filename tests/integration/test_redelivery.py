@@ -161,9 +161,11 @@ def test_redelivery_delays_follow_the_policy(broker: Broker, dla_inbox: list[Mes
     expected = [DELAY_MS * MULTIPLIER ** n for n in range(3)]  # 300, 600, 1200
     print(f"{broker.kind} redelivery gaps ms: measured {gaps}, policy {expected}")
     assert len(gaps) == 3
+    # Early is a bug; late is bounded by a loaded 2-core box and the broker's timer. ActiveMQ's
+    # job scheduler works in whole-second ticks: measured +200..+520 ms, up to +1 s possible.
+    late = 1000 if broker.kind == "activemq" else 300
     for gap, want in zip(gaps, expected, strict=True):
-        # Early is a bug; late is bounded by a loaded 2-core box and the broker's timer.
-        assert want - 25 <= gap <= want + 500, (gaps, expected)
+        assert want - 25 <= gap <= want + late, (gaps, expected)
     guard.close()
 
 
