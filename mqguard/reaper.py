@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mqguard.adapter import Adapter, Delivery, SubscribeOptions
@@ -172,23 +172,27 @@ class ExpiryReaper:
 
     # -- ActiveMQ: selector subscription, transactional batches ---------------------------
 
-    def _reap_by_selector(self, address: str, ctx: HookContext) -> int:
-        selector = self.adapter.expired_selector(now_ms())  # type: ignore[attr-defined]
+    def _drain(self, queue: str, selector: str | None,
+               handle: Callable[[list[Delivery]], int]) -> int:
+        """Subscribe to ``queue`` and hand its deliveries to ``handle`` in batches until it
+        stays quiet for ``idle_ms``; returns the sum of what ``handle`` counted."""
         collector = _Collector()
         options = SubscribeOptions(selector=selector, prefetch=self.batch_size)
-        subscription = self.adapter.subscribe(address, collector, options)
+        subscription = self.adapter.subscribe(queue, collector, options)
         total = 0
         try:
-            while True:
-                batch = collector.take(self.batch_size, self.idle_s)
-                if not batch:
-                    return total
-                self._expire_in_transaction(batch, ctx)
-                total += len(batch)
+            while batch := collector.take(self.batch_size, self.idle_s):
+                total += handle(batch)
+            return total
         finally:
             self.adapter.unsubscribe(subscription)
 
-    def _expire_in_transaction(self, batch: list[Delivery], ctx: HookContext) -> None:
+    def _reap_by_selector(self, address: str, ctx: HookContext) -> int:
+        selector = self.adapter.expired_selector(now_ms())  # type: ignore[attr-defined]
+        return self._drain(address, selector,
+                           lambda batch: self._expire_in_transaction(batch, ctx))
+
+    def _expire_in_transaction(self, batch: list[Delivery], ctx: HookContext) -> int:
         adapter, guard = self.adapter, self.guard
         tx = adapter.begin()
         moves: list[tuple[Message, Message | None, str | None]] = []
@@ -208,22 +212,12 @@ class ExpiryReaper:
         adapter.commit(tx)
         for message, copy, target in moves:
             self._record(message, copy, target, ctx)
+        return len(moves)
 
     # -- RabbitMQ: drain the holding queue the broker dead-letters to --------------------
 
     def _drain_holding_queue(self, holding: str, ctx: HookContext) -> int:
-        collector = _Collector()
-        subscription = self.adapter.subscribe(holding, collector,
-                                              SubscribeOptions(prefetch=self.batch_size))
-        total = 0
-        try:
-            while True:
-                batch = collector.take(self.batch_size, self.idle_s)
-                if not batch:
-                    return total
-                total += self._route_dead_letters(batch)
-        finally:
-            self.adapter.unsubscribe(subscription)
+        return self._drain(holding, None, self._route_dead_letters)
 
     def _route_dead_letters(self, batch: list[Delivery]) -> int:
         expired = 0
