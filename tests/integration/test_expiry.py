@@ -245,6 +245,33 @@ def test_reap_command_one_pass(url: str, tmp_path: Path, unique_name: str) -> No
     assert result.exit_code == 2 and "--address" in result.output
 
 
+@pytest.mark.parametrize("url", BROKERS[:1], indirect=True)
+def test_reap_command_loop_until_sigterm(url: str, expired_inbox: list[Message],
+                                         tmp_path: Path, unique_name: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    config = tmp_path / "mqguard.toml"
+    config.write_text(f'[mqguard.event-log]\ndirectory = "{tmp_path / "ev"}"\n'
+                      f'[address-settings."{unique_name}"]\n'
+                      f'expiry-address = "{unique_name}.EXP"\n')
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mqguard.cli", "reap", "--url", url, "-a", unique_name,
+         "-c", str(config), "--loop", "--period", "300"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        with Guard(parse_config({"mqguard": {"event-log": {"enabled": False}}})) as guard, \
+                GuardedProducer(open_adapter(url), guard) as producer:
+            producer.send(unique_name, b"expiring", ttl_ms=200)
+        wait_for(lambda: expired_inbox, 15, "the looping reaper to move the message")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGTERM, output.decode(errors="replace")
+    assert expired_inbox[0].body == b"expiring"
+
+
 def test_reaper_loop_skips_overrun_ticks(tmp_path: Path) -> None:
     """Unit-level: a scan longer than the period makes the loop skip ticks, not pile up."""
     from mqguard.testing.loopback import LoopbackAdapter
