@@ -108,7 +108,9 @@ class LoopbackAdapter:
                     if not queue or skips >= len(queue):
                         break
                     message, redeliveries = queue.popleft()
-                    if message.scheduled_delivery > now_ms():
+                    # ">=": both times are truncated to whole ms, so the due ms itself may
+                    # still be up to 1 ms early; waiting one more ms keeps the delay a floor.
+                    if message.scheduled_delivery >= now_ms():
                         queue.append((message, redeliveries))
                         skips += 1
                         continue
