@@ -282,19 +282,26 @@ class Guard:
             else:
                 adapter.send(batch[0], transaction=tx_id)
         except Exception as exc:
-            # The broker may or may not have some of them: the audit classifies
-            # these as "unknown outcome" and later reconciles them with deliveries.
             for message, ctx in outgoing:
-                self.events.emit(EventType.SEND_FAILED, message, reason=repr(exc),
-                                 transaction=tx_id)
-                self.hook.on_send_exception(message=message, ctx=ctx, exception=exc)
+                self.send_failed(message, ctx, exc)
             raise
         if transaction is not None:
             transaction.messages.extend(batch)
             return
         for message, ctx in outgoing:
-            self.events.emit(EventType.SENT, message)
-            self._after_send.each(message=message, ctx=ctx)
+            self.sent(message, ctx)
+
+    def sent(self, message: Message, ctx: HookContext) -> None:
+        """The broker confirmed a send (outside a transaction): event and ``after_send``."""
+        self.events.emit(EventType.SENT, message)
+        self._after_send.each(message=message, ctx=ctx)
+
+    def send_failed(self, message: Message, ctx: HookContext, exc: BaseException) -> None:
+        """A send was not confirmed. The broker may or may not have it: the audit
+        classifies it as "unknown outcome" and reconciles it with deliveries later."""
+        self.events.emit(EventType.SEND_FAILED, message, reason=repr(exc),
+                         transaction=ctx.transaction)
+        self.hook.on_send_exception(message=message, ctx=ctx, exception=exc)
 
     # -- transactions ------------------------------------------------------------------
 
@@ -304,40 +311,58 @@ class Guard:
     def commit(self, adapter: Adapter, transaction: TransactionState) -> None:
         """Commit, unless a plugin made the transaction rollback-only; then abort and raise."""
         tx_id = transaction.transaction_id
-        address = transaction.messages[0].address if transaction.messages else ""
-        ctx = self.context(address, adapter.capabilities, role="producer", transaction=tx_id,
-                           broker=adapter.broker)
-        if transaction.rollback_reason is None:
-            verdict = self.hook.transaction_committing(
-                transaction=tx_id, messages=list(transaction.messages), ctx=ctx)
-            if verdict is not None and verdict.action is not Action.CONTINUE:
-                transaction.rollback_reason = verdict.reason or "rejected at commit"
-        if transaction.rollback_reason is not None:
-            self._rollback(adapter, transaction, ctx, transaction.rollback_reason)
-            raise TransactionRolledBack(tx_id, transaction.rollback_reason)
+        ctx = self.transaction_context(adapter.capabilities, adapter.broker, transaction)
+        reason = self.commit_check(transaction, ctx)
+        if reason is not None:
+            self._rollback(adapter, transaction, ctx, reason)
+            raise TransactionRolledBack(tx_id, reason)
         try:
             adapter.commit(tx_id)
         except Exception as exc:
-            for message in transaction.messages:
-                self.events.emit(EventType.SEND_FAILED, message, reason=repr(exc),
-                                 transaction=tx_id)
-            self.events.emit(EventType.TX_ROLLED_BACK, transaction=tx_id, reason=repr(exc))
-            self.hook.transaction_ended(transaction=tx_id, committed=False, ctx=ctx)
+            self.commit_failed(transaction, ctx, repr(exc))
             raise
+        self.committed(transaction, ctx)
+
+    def transaction_context(self, capabilities: Capabilities, broker: str,
+                            transaction: TransactionState) -> HookContext:
+        address = transaction.messages[0].address if transaction.messages else ""
+        return self.context(address, capabilities, role="producer",
+                            transaction=transaction.transaction_id, broker=broker)
+
+    def commit_check(self, transaction: TransactionState, ctx: HookContext) -> str | None:
+        """Ask ``transaction_committing``; the rollback reason, or None when COMMIT may go on."""
+        if transaction.rollback_reason is None:
+            verdict = self.hook.transaction_committing(
+                transaction=transaction.transaction_id, messages=list(transaction.messages),
+                ctx=ctx)
+            if verdict is not None and verdict.action is not Action.CONTINUE:
+                transaction.rollback_reason = verdict.reason or "rejected at commit"
+        return transaction.rollback_reason
+
+    def commit_failed(self, transaction: TransactionState, ctx: HookContext,
+                      reason: str) -> None:
+        """The broker did not confirm a COMMIT: its sends have an unknown outcome."""
+        tx_id = transaction.transaction_id
+        for message in transaction.messages:
+            self.events.emit(EventType.SEND_FAILED, message, reason=reason, transaction=tx_id)
+        self.events.emit(EventType.TX_ROLLED_BACK, transaction=tx_id, reason=reason)
+        self.hook.transaction_ended(transaction=tx_id, committed=False, ctx=ctx)
+
+    def committed(self, transaction: TransactionState, ctx: HookContext) -> None:
+        """The broker confirmed a COMMIT: its messages count as sent."""
+        tx_id = transaction.transaction_id
         for message in transaction.messages:
             self.events.emit(EventType.SENT, message, transaction=tx_id)
             self.hook.after_send(message=message, ctx=self.context(
-                message.address, adapter.capabilities, role="producer", transaction=tx_id,
-                broker=adapter.broker))
+                message.address, ctx.capabilities, role="producer", transaction=tx_id,
+                broker=ctx.broker))
         self.events.emit(EventType.TX_COMMITTED, transaction=tx_id,
                          count=len(transaction.messages))
         self.hook.transaction_ended(transaction=tx_id, committed=True, ctx=ctx)
 
     def abort(self, adapter: Adapter, transaction: TransactionState,
               reason: str = "aborted by the application") -> None:
-        address = transaction.messages[0].address if transaction.messages else ""
-        ctx = self.context(address, adapter.capabilities, role="producer",
-                           transaction=transaction.transaction_id, broker=adapter.broker)
+        ctx = self.transaction_context(adapter.capabilities, adapter.broker, transaction)
         self._rollback(adapter, transaction, ctx, reason)
 
     def _rollback(self, adapter: Adapter, transaction: TransactionState, ctx: HookContext,
@@ -345,10 +370,14 @@ class Guard:
         try:
             adapter.abort(transaction.transaction_id)
         finally:
-            self.events.emit(EventType.TX_ROLLED_BACK, transaction=transaction.transaction_id,
-                             reason=reason, count=len(transaction.messages))
-            self.hook.transaction_ended(transaction=transaction.transaction_id,
-                                        committed=False, ctx=ctx)
+            self.rolled_back(transaction, ctx, reason)
+
+    def rolled_back(self, transaction: TransactionState, ctx: HookContext, reason: str) -> None:
+        """Record a transaction that ended without a commit (the abort went to the broker)."""
+        self.events.emit(EventType.TX_ROLLED_BACK, transaction=transaction.transaction_id,
+                         reason=reason, count=len(transaction.messages))
+        self.hook.transaction_ended(transaction=transaction.transaction_id,
+                                    committed=False, ctx=ctx)
 
     # -- deliver path ------------------------------------------------------------------
 
@@ -364,38 +393,82 @@ class Guard:
         because an exception here would kill the receiver and strand the
         remaining messages.
         """
-        message = delivery.message
-        if not message.message_id:
-            message.message_id = self._fallback_message_id(delivery, adapter)
-        if message.delivery_count == 0:
-            # Best the broker can tell; the delivery-counting plugin makes it exact.
-            native = delivery.native_delivery_count
-            message.delivery_count = native if native else (2 if delivery.redelivered else 1)
-        ctx = self.context(message.address, adapter.capabilities, role="consumer", queue=queue,
-                           broker=adapter.broker, raw_headers=delivery.raw_headers)
-        ctx.native_delivery_count = delivery.native_delivery_count
-        ctx.redelivered = delivery.redelivered
         with self._serial_lock(adapter, delivery.subscription_id):
+            ctx = self.open_delivery(adapter, delivery, queue=queue, handler=handler)
+            if ctx is None:
+                return
             try:
-                verdict = self._before_deliver.first(message=message, ctx=ctx)
-                if verdict is not None and verdict.action is not Action.CONTINUE:
-                    self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
-                    return
-                # (delivery_count is among the message's own event fields)
-                self.events.emit(EventType.DELIVERED, message, queue=queue,
-                                 native_delivery_count=delivery.native_delivery_count)
-                try:
-                    handler(message)
-                except Exception as error:
-                    self._handler_failed(adapter, delivery, ctx, error, handler)
-                    return
-                self._after_deliver.each(message=message, ctx=ctx, error=None)
+                handler(delivery.message)
+            except Exception as error:
+                self.finish_delivery(adapter, delivery, ctx, error, handler=handler)
+                return
+            self.finish_delivery(adapter, delivery, ctx, None, handler=handler)
+
+    def open_delivery(self, adapter: Adapter, delivery: Delivery, *, queue: str,
+                      handler: Handler | None = None) -> HookContext | None:
+        """First half of a delivery: the ``before_deliver`` decision.
+
+        Returns the context to pass to :meth:`finish_delivery` once the message has
+        been handled (the wrappers call the handler in between; the sidecar hands
+        the frame to its client and waits for the client's ACK or NACK), or None
+        when a verdict took the delivery (suppressed, expired, moved...): it is then
+        settled and must not reach the application. Never raises: a failure inside
+        mqguard leaves the delivery unacknowledged (the broker redelivers it) and
+        returns None.
+        """
+        message = delivery.message
+        try:
+            if not message.message_id:
+                message.message_id = self._fallback_message_id(delivery, adapter)
+            if message.delivery_count == 0:
+                # Best the broker can tell; the delivery-counting plugin makes it exact.
+                native = delivery.native_delivery_count
+                message.delivery_count = native if native else (2 if delivery.redelivered
+                                                                else 1)
+            ctx = self.context(message.address, adapter.capabilities, role="consumer",
+                               queue=queue, broker=adapter.broker,
+                               raw_headers=delivery.raw_headers)
+            ctx.native_delivery_count = delivery.native_delivery_count
+            ctx.redelivered = delivery.redelivered
+            verdict = self._before_deliver.first(message=message, ctx=ctx)
+            if verdict is not None and verdict.action is not Action.CONTINUE:
+                self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
+                return None
+            # (delivery_count is among the message's own event fields)
+            self.events.emit(EventType.DELIVERED, message, queue=queue,
+                             native_delivery_count=delivery.native_delivery_count)
+            return ctx
+        except Exception:
+            # A plugin or the broker failed: leave the message unacknowledged so
+            # the broker redelivers it (at-least-once), and say so loudly.
+            log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
+                          message.message_id, queue)
+            return None
+
+    def finish_delivery(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+                        error: BaseException | None, *, handler: Handler | None = None,
+                        settled: bool = False) -> None:
+        """Second half of a delivery: after the handler succeeded (``error`` None) or failed.
+
+        Success runs ``after_deliver`` and acknowledges (unless ``settled``: the
+        acknowledgement already went to the broker, e.g. inside a client's
+        transaction); failure goes to ``on_handler_failure`` (redelivery, dead
+        letter). ``handler`` is needed only for in-process redelivery (``hold-local``).
+        Never raises.
+        """
+        message = delivery.message
+        try:
+            if error is not None:
+                self._handler_failed(adapter, delivery, ctx, error, handler)
+                return
+            self._after_deliver.each(message=message, ctx=ctx, error=None)
+            if settled:
+                self._acknowledged_elsewhere(delivery, ctx, AckReason.NORMAL)
+            else:
                 self._ack(adapter, delivery, ctx, AckReason.NORMAL)
-            except Exception:
-                # A plugin or the broker failed: leave the message unacknowledged so
-                # the broker redelivers it (at-least-once), and say so loudly.
-                log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
-                              message.message_id, queue)
+        except Exception:
+            log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
+                          message.message_id, ctx.queue)
 
     def _serial_lock(self, adapter: Adapter, subscription_id: str) -> threading.Lock:
         key = (id(adapter), subscription_id)
@@ -414,7 +487,7 @@ class Guard:
         return f"unguarded:{new_message_id()}"
 
     def _handler_failed(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-                        error: BaseException, handler: Handler) -> None:
+                        error: BaseException, handler: Handler | None) -> None:
         message = delivery.message
         self.events.emit(EventType.HANDLER_FAILED, message, queue=ctx.queue,
                          reason=f"{type(error).__name__}: {error}"[:500])
@@ -438,7 +511,7 @@ class Guard:
             self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
 
     def _apply_delivery_verdict(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-                                verdict: Verdict, handler: Handler) -> None:
+                                verdict: Verdict, handler: Handler | None) -> None:
         if verdict.action is Action.REDELIVER:
             self._redeliver(adapter, delivery, ctx, verdict, handler)
             return
@@ -457,7 +530,7 @@ class Guard:
     # -- redelivery --------------------------------------------------------------------
 
     def _redeliver(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-                   verdict: Verdict, handler: Handler) -> None:
+                   verdict: Verdict, handler: Handler | None) -> None:
         """Give the delivery back for another attempt after ``verdict.delay_ms``.
 
         The mechanism depends on the broker (:mod:`mqguard.redelivery`); in every
@@ -521,7 +594,7 @@ class Guard:
                           ctx.queue)
 
     def _release_held(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-                      handler: Handler, *, requeue: bool) -> None:
+                      handler: Handler | None, *, requeue: bool) -> None:
         """A held delivery is due: NACK it back to the broker, or deliver it here again."""
         if not adapter.can_settle(delivery):
             # Its connection was lost meanwhile: the broker redelivers it by itself.
@@ -531,6 +604,12 @@ class Guard:
         if requeue:
             with self._serial_lock(adapter, delivery.subscription_id):
                 self._nack(adapter, delivery, ctx)
+            return
+        if handler is None:
+            # Opened without a handler (the sidecar, whose STOMP brokers never pick
+            # hold-local): nothing here can run it again; the broker redelivers it.
+            log.warning("held redelivery of %s on %s has no handler to run; left "
+                        "unacknowledged for the broker", delivery.message.message_id, ctx.queue)
             return
         delivery.message.delivery_count += 1
         delivery.redelivered = True
@@ -564,6 +643,10 @@ class Guard:
     def _ack(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
              reason: AckReason) -> None:
         adapter.ack(delivery)
+        self._acknowledged_elsewhere(delivery, ctx, reason)
+
+    def _acknowledged_elsewhere(self, delivery: Delivery, ctx: HookContext,
+                                reason: AckReason) -> None:
         message = delivery.message
         self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=reason.value)
         self._acknowledged.each(message=message, ctx=ctx, reason=reason)
