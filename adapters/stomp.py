@@ -129,7 +129,7 @@ from mqguard.jobthread import JobThread
 from mqguard.message import Message, now_ms, parse_wire_int
 from mqguard.registry import redact_url
 
-__all__ = ["BROKER_CAPABILITIES", "StompAdapter"]
+__all__ = ["BROKER_CAPABILITIES", "StompAdapter", "send_headers"]
 
 log = logging.getLogger("mqguard.adapters.stomp")
 
@@ -207,6 +207,48 @@ def _encode_send(destination: str, body: bytes, headers: Mapping[str, str]) -> b
     if body:
         lines.append(f"content-length:{len(body)}")
     return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
+
+
+def send_headers(message: Message, broker: str, *, persistent: bool,
+                 native_expiry: bool = False) -> dict[str, str]:
+    """SEND headers of ``message`` for ``broker``: its wire headers plus how that broker
+    is told about delays, persistence and expiration. AdapterError for a header STOMP
+    cannot carry. Shared by the adapter and the sidecar."""
+    headers = message.wire_headers()
+    for key, value in headers.items():
+        if not isinstance(key, str) or not key or _HEADER_NAME_FORBIDDEN.search(key):
+            raise AdapterError(f"header name {key!r} of a message to {message.address!r} "
+                               "cannot be sent over STOMP (empty, or contains ':', '\\' or a "
+                               "line break)")
+        if not isinstance(value, str):
+            raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
+                               f"{type(value).__name__}, not str")
+        if key in RESERVED_SEND_HEADERS:
+            raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
+                               "reserved by STOMP/the adapter; rename it")
+    if message.scheduled_delivery:
+        if broker != "activemq":
+            raise AdapterError(f"{broker} has no delayed delivery over STOMP: cannot hold "
+                               f"a message to {message.address!r} back")
+        # ActiveMQ's scheduler (schedulerSupport="true") takes a relative delay.
+        headers["AMQ_SCHEDULED_DELAY"] = str(max(0, message.scheduled_delivery - now_ms()))
+    if persistent:
+        headers.setdefault("persistent", "true")
+    if message.expiration:
+        if broker == "activemq":
+            # A selector-friendly copy (JMS identifiers cannot contain '-'): the reaper
+            # selects expired messages with it, leaving every other message in place.
+            headers[SELECTOR_EXPIRES_HEADER] = str(message.expiration)
+            if native_expiry:
+                # ActiveMQ then expires by itself, to ActiveMQ.DLQ, before the reaper
+                # or a consumer sees the message: off unless asked for.
+                headers["expires"] = str(message.expiration)
+        elif broker == "artemis":
+            headers["expires"] = str(message.expiration)
+        elif broker == "rabbitmq":
+            # Relative and >= 1: RabbitMQ closes the connection on a negative value.
+            headers["expiration"] = str(max(1, message.expiration - now_ms()))
+    return headers
 
 
 # -- credentials never reach a log ---------------------------------------------------------------
@@ -966,41 +1008,8 @@ class StompAdapter:
         return address if address.startswith("/") else f"/queue/{address}"
 
     def _send_headers(self, message: Message, broker: str) -> dict[str, str]:
-        headers = message.wire_headers()
-        for key, value in headers.items():
-            if not isinstance(key, str) or not key or _HEADER_NAME_FORBIDDEN.search(key):
-                raise AdapterError(f"header name {key!r} of a message to {message.address!r} "
-                                   "cannot be sent over STOMP (empty, or contains ':', '\\' or a "
-                                   "line break)")
-            if not isinstance(value, str):
-                raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
-                                   f"{type(value).__name__}, not str")
-            if key in RESERVED_SEND_HEADERS:
-                raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
-                                   "reserved by STOMP/the adapter; rename it")
-        if message.scheduled_delivery:
-            if broker != "activemq":
-                raise AdapterError(f"{broker} has no delayed delivery over STOMP: cannot hold "
-                                   f"a message to {message.address!r} back")
-            # ActiveMQ's scheduler (schedulerSupport="true") takes a relative delay.
-            headers["AMQ_SCHEDULED_DELAY"] = str(max(0, message.scheduled_delivery - now_ms()))
-        if self._persistent:
-            headers.setdefault("persistent", "true")
-        if message.expiration:
-            if broker == "activemq":
-                # A selector-friendly copy (JMS identifiers cannot contain '-'): the reaper
-                # selects expired messages with it, leaving every other message in place.
-                headers[SELECTOR_EXPIRES_HEADER] = str(message.expiration)
-                if self._native_expiry:
-                    # ActiveMQ then expires by itself, to ActiveMQ.DLQ, before the reaper
-                    # or a consumer sees the message: off unless asked for.
-                    headers["expires"] = str(message.expiration)
-            elif broker == "artemis":
-                headers["expires"] = str(message.expiration)
-            elif broker == "rabbitmq":
-                # Relative and >= 1: RabbitMQ closes the connection on a negative value.
-                headers["expiration"] = str(max(1, message.expiration - now_ms()))
-        return headers
+        return send_headers(message, broker, persistent=self._persistent,
+                            native_expiry=self._native_expiry)
 
     def send(self, message: Message, *, transaction: str | None = None) -> None:
         """Send one message; returns once the broker's RECEIPT arrived (outside a transaction).
