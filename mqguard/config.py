@@ -48,6 +48,26 @@ class EventLogConfig(_Section):
     fsync: bool = False
 
 
+class SidecarConfig(_Section):
+    """``[mqguard.sidecar]``: limits and behaviour of ``mqguard sidecar`` (docs/sidecar.md)."""
+
+    #: Largest frame (headers and body) accepted from a client or the broker.
+    max_frame_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    #: Most headers in one frame.
+    max_header_count: int = Field(128, ge=8, le=100_000)
+    #: Longest ``name:value`` header line, in bytes.
+    max_header_line_bytes: int = Field(8192, ge=256, le=16 * 1024 * 1024)
+    #: Client connections served at once; more are refused with an ERROR frame.
+    max_connections: int = Field(1024, ge=1, le=1_000_000)
+    #: Time allowed for a client's CONNECT frame, and for the broker to answer it.
+    connect_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+    #: On shutdown, how long in-flight frames (unconfirmed sends, receipts) may take.
+    drain_timeout_ms: int = Field(5_000, ge=0, le=600_000)
+    #: Also send ActiveMQ's native ``expires`` (ActiveMQ then expires messages to
+    #: ActiveMQ.DLQ itself, before mqguard's expiry address sees them).
+    native_expiry: bool = False
+
+
 class CoreConfig(_Section):
     """``[mqguard]``: the process-wide settings."""
 
@@ -63,6 +83,7 @@ class CoreConfig(_Section):
     #: Artemis ``message-expiry-scan-period`` in ms; -1 turns the reaper off.
     message_expiry_scan_period: int = Field(30000, ge=-1)
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
+    sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
 
     @field_validator("store")
     @classmethod

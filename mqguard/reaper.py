@@ -109,6 +109,12 @@ class ExpiryReaper:
         self.holding_queue = holding_queue
         self._scan_lock = threading.Lock()
 
+    def watch(self, address: str) -> None:
+        """Scan ``address`` too from the next pass on (the sidecar learns addresses from
+        traffic). Appending is atomic, so a scan running meanwhile is not disturbed."""
+        if address not in self.addresses:
+            self.addresses.append(address)
+
     # -- scanning ----------------------------------------------------------------------
 
     def scan(self) -> list[ScanResult]:

@@ -14,6 +14,7 @@ from mqguard.cli.config_cmd import config
 from mqguard.cli.dedup import dedup
 from mqguard.cli.demo import demo
 from mqguard.cli.reap import reap
+from mqguard.cli.sidecar import sidecar
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,3 +38,4 @@ main.add_command(bench)
 main.add_command(config)
 main.add_command(dedup)
 main.add_command(reap)
+main.add_command(sidecar)

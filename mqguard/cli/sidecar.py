@@ -1,0 +1,100 @@
+"""``mqguard sidecar``: the transparent STOMP proxy (see docs/sidecar.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+
+import click
+import orjson
+
+from mqguard.config import load_config
+from mqguard.errors import MqguardError
+from mqguard.sidecar.server import Sidecar, parse_hostport, parse_upstream
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry).decode()
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:61623", show_default=True,
+              help="HOST:PORT clients connect to (port 0: any free port, printed at start).")
+@click.option("--upstream", required=True,
+              help="Broker URL: stomp://HOST:PORT or stomp+ssl://HOST:PORT. Credentials in it "
+                   "are used by the expiry reaper only; clients' own pass through.")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+              help="mqguard.toml (default: ./mqguard.toml if present, else the defaults).")
+@click.option("--admin", default=None,
+              help="HOST:PORT of the admin HTTP port (/metrics, /health); off by default.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False),
+              help="PEM certificate (chain) to serve clients over TLS.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False),
+              help="PEM private key of --tls-cert.")
+@click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False),
+              help="CA bundle to verify a stomp+ssl:// broker with (default: system CAs).")
+@click.option("--upstream-insecure", is_flag=True,
+              help="Do not verify the broker's TLS certificate (testing only).")
+@click.option("--reap", "reap_addresses", multiple=True, metavar="ADDRESS",
+              help="Queue the expiry reaper scans from the start (repeatable); addresses that "
+                   "receive expiring messages through the sidecar are added automatically.")
+@click.option("--log-format", type=click.Choice(("text", "json")), default="text",
+              show_default=True, help="Log lines as text or as one JSON object each.")
+def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | None,
+            tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
+            upstream_insecure: bool, reap_addresses: tuple[str, ...], log_format: str) -> None:
+    """Run the transparent STOMP proxy in front of a broker.
+
+    Unmodified STOMP 1.0-1.2 clients connect here instead of to the broker and get
+    duplicate detection, expiry, delivery counting with dead letters and the consumer
+    audit. Stops gracefully on SIGTERM/SIGINT.
+    """
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLogFormatter())
+    logging.getLogger("mqguard").setLevel(min(logging.getLogger().level, logging.INFO))
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    try:
+        config = load_config(config_path)
+        target = parse_upstream(upstream, cafile=upstream_ca, insecure=upstream_insecure)
+        listen_on = parse_hostport(listen, "--listen")
+        admin_on = parse_hostport(admin, "--admin") if admin else None
+    except MqguardError as exc:
+        raise click.ClickException(str(exc)) from None
+    tls = None
+    if tls_cert and tls_key:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(tls_cert, tls_key)
+    proxy = Sidecar(config, target, listen=listen_on, admin=admin_on, tls=tls,
+                    reap_addresses=reap_addresses)
+    try:
+        asyncio.run(_serve(proxy))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen: {exc}") from None
+
+
+async def _serve(proxy: Sidecar) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await proxy.start()
+    click.echo(f"mqguard sidecar listening on {proxy.listen_on[0]}:{proxy.port}"
+               + (f", admin on port {proxy.admin_port}" if proxy.admin_port else ""), err=True)
+    await stop.wait()
+    click.echo("mqguard sidecar: stopping (draining connections)", err=True)
+    await proxy.stop()

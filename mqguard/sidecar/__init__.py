@@ -1,0 +1,1 @@
+"""STOMP sidecar proxy: mqguard between STOMP clients and an unmodified broker."""

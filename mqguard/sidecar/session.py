@@ -1,0 +1,720 @@
+"""One proxied client connection: client <-> sidecar <-> broker.
+
+The client's CONNECT goes to the broker unchanged (credentials pass through and
+are never logged; the heart-beat header too, so heart-beats are negotiated end
+to end and flow through both legs). From then on every frame is relayed, and
+the guard acts on the frames that carry messages:
+
+- SEND: ``before_send`` decides (duplicate detection, expiry stamping...); an
+  accepted message is forwarded with a receipt of the sidecar's own, and the
+  ``sent`` event is written when the broker confirms it. A duplicate is not
+  forwarded, yet a receipt the client asked for is still given, in order.
+- BEGIN / COMMIT / ABORT: the guard's view of the transaction follows the
+  client's; a transaction made rollback-only (a duplicate inside it) is aborted
+  at the broker and its COMMIT answered with an ERROR frame.
+- SUBSCRIBE: always ``client-individual`` towards the broker, whatever the
+  client asked, so the guard settles each delivery itself: ``auto`` clients are
+  acked for once their frame is written, ``client`` (cumulative) ACKs become
+  individual ones.
+- MESSAGE: ``before_deliver`` decides; a suppressed duplicate delivery or an
+  expired message never reaches the client. The client's ACK/NACK then finishes
+  the delivery (a NACK runs delivery counting: redelivery or dead letter).
+
+A malformed or over-limit frame gets the ERROR frame the STOMP spec asks for
+and ends this connection only; a lost broker connection ends the session with
+an ERROR frame to the client. Unacknowledged deliveries stay with the broker,
+which redelivers them: nothing is lost when a session dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from mqguard.adapter import Delivery
+from mqguard.adapters.stomp import BROKER_MESSAGE_HEADERS, detect_broker, send_headers
+from mqguard.context import HookContext
+from mqguard.errors import AdapterError, Nack
+from mqguard.message import Message, new_message_id, now_ms, parse_wire_int
+from mqguard.pipeline import TransactionState
+from mqguard.sidecar.frames import (
+    CLIENT_COMMANDS,
+    HEARTBEAT,
+    SERVER_COMMANDS,
+    Frame,
+    FrameDecoder,
+    FrameError,
+    encode,
+)
+from mqguard.sidecar.receipts import ReceiptChain
+from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
+from mqguard.verdict import Action
+
+if TYPE_CHECKING:
+    from mqguard.sidecar.server import Sidecar
+
+log = logging.getLogger("mqguard.sidecar")
+
+#: SEND headers that frame the message rather than belong to it.
+_FRAMING_SEND_HEADERS: Final = frozenset({"destination", "receipt", "transaction",
+                                          "content-length"})
+ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
+_READ_CHUNK: Final = 256 * 1024
+_session_ids = itertools.count(1)
+
+
+def address_of(destination: str) -> str:
+    """The guard's address for a STOMP destination: ``/queue/orders`` -> ``orders``.
+
+    Other destinations (``/topic/...``, RabbitMQ's ``/exchange/...``) keep their
+    full name, so they cannot collide with queue names in address settings.
+    """
+    return destination[7:] if destination.startswith("/queue/") else destination
+
+
+@dataclass(slots=True)
+class _Subscription:
+    id: str
+    destination: str
+    queue: str
+    #: The client's ack mode; towards the broker it is always client-individual.
+    mode: str
+    browse: bool = False
+    quorum: bool = False
+    #: Deliveries handed to the client and not settled yet, in delivery order.
+    pending: dict[str, tuple[Delivery, HookContext]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Transaction:
+    state: TransactionState
+    #: Deliveries acknowledged inside the transaction: finished at COMMIT.
+    acks: list[tuple[_Subscription, Delivery, HookContext]] = field(default_factory=list)
+
+
+class SessionEnded(Exception):
+    """Internal: end the session after the ERROR frame was written."""
+
+
+class ProxySession:
+    """Relays one client connection; see the module docstring."""
+
+    def __init__(self, sidecar: Sidecar, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.sidecar = sidecar
+        self.guard = sidecar.guard
+        self.metrics = sidecar.metrics
+        self.label = f"s{next(_session_ids)}"
+        self._client_reader = reader
+        self._client_writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        limits = sidecar.limits
+        self._client_decoder = FrameDecoder(limits=limits, commands=CLIENT_COMMANDS)
+        self._broker_decoder = FrameDecoder(limits=limits, commands=SERVER_COMMANDS)
+        self._broker_reader: asyncio.StreamReader | None = None
+        self._broker_writer: asyncio.StreamWriter | None = None
+        self.version = "1.0"
+        self.broker = "unknown"
+        self.leg: UpstreamLeg | None = None
+        self._chain = ReceiptChain(self._client_receipt)
+        self._subs: dict[str, _Subscription] = {}
+        #: ack token -> its subscription, for the client's ACK/NACK.
+        self._token_sub: dict[str, _Subscription] = {}
+        self._transactions: dict[str, _Transaction] = {}
+        self._sub_ids = itertools.count(1)
+        # The session is the producer the consumer audit knows (Guarded producers
+        # stamp the same pair); a client that stamps its own keeps them.
+        self._producer_id = new_message_id()
+        self._sequence = itertools.count(1)
+        self._client_done = False  # the client said DISCONNECT or got its ERROR
+        self._shutting_down = False
+        self._client_task: asyncio.Task[str] | None = None
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    async def run(self) -> str:
+        """Serve the connection to its end; returns how it ended (for metrics)."""
+        outcome = "error"
+        try:
+            connect = await self._read_connect()
+            if connect is None:
+                outcome = "no-connect"
+                return outcome
+            if not await self._open_broker(connect):
+                outcome = "broker-refused"
+                return outcome
+            outcome = await self._relay()
+            return outcome
+        except SessionEnded as ended:
+            outcome = str(ended) or "ended"
+            return outcome
+        except Exception:
+            log.exception("session %s (%s) failed inside the sidecar", self.label, self.peer)
+            self._send_error("internal error in the sidecar; connection closed")
+            return outcome
+        finally:
+            await self._close(outcome)
+
+    def shutdown(self) -> None:
+        """Graceful stop: read no more client frames, let the broker confirm what it has."""
+        self._shutting_down = True
+        if self._client_task is not None:
+            self._client_task.cancel()
+
+    async def _close(self, outcome: str) -> None:
+        lost = self._chain.fail_all(f"session ended ({outcome})")
+        if lost:
+            log.warning("session %s: %d receipt(s) the client asked for will not come: the "
+                        "connection ended first", self.label, len(lost))
+        if self.leg is not None:
+            self.leg.lost(outcome)
+            self.leg.close()
+        for writer in (self._broker_writer, self._client_writer):
+            if writer is None:
+                continue
+            with contextlib.suppress(Exception):
+                writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 2.0)
+
+    # -- connecting ----------------------------------------------------------------------
+
+    async def _read_connect(self) -> Frame | None:
+        timeout = self.sidecar.config.connect_timeout_ms / 1000.0
+        try:
+            async with asyncio.timeout(timeout):
+                async for item in self._client_frames():
+                    if item is HEARTBEAT:
+                        continue
+                    assert isinstance(item, Frame)
+                    if item.command not in ("CONNECT", "STOMP"):
+                        self._send_error(f"expected CONNECT, got {item.command}")
+                        return None
+                    return item
+        except TimeoutError:
+            self._send_error(f"no CONNECT frame within {timeout:g} s")
+        return None
+
+    async def _open_broker(self, connect: Frame) -> bool:
+        upstream = self.sidecar.upstream
+        timeout = self.sidecar.config.connect_timeout_ms / 1000.0
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(
+                    upstream.host, upstream.port, ssl=upstream.ssl_context,
+                    server_hostname=upstream.host if upstream.ssl_context else None,
+                    limit=_READ_CHUNK)
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            self.metrics.upstream_failures.labels("connect").inc()
+            log.warning("session %s: broker %s unreachable: %s", self.label, upstream.where,
+                        type(exc).__name__)
+            self._send_error("broker unreachable", detail=f"{upstream.where}: {exc}")
+            return False
+        self._broker_reader, self._broker_writer = reader, writer
+        writer.write(encode(connect, "1.0"))
+        try:
+            async with asyncio.timeout(timeout):
+                async for item in self._broker_frames():
+                    if item is HEARTBEAT:
+                        continue
+                    assert isinstance(item, Frame)
+                    if item.command == "CONNECTED":
+                        self._connected(item)
+                        return True
+                    # ERROR (bad credentials...): the client gets the broker's own words.
+                    self._write_client(item)
+                    self._client_done = True
+                    return False
+        except TimeoutError:
+            self.metrics.upstream_failures.labels("connect").inc()
+            self._send_error(f"broker did not answer CONNECT within {timeout:g} s")
+            return False
+        self._send_error("broker closed the connection during CONNECT")
+        return False
+
+    def _connected(self, frame: Frame) -> None:
+        self.version = frame.get("version") or "1.0"
+        self.broker = detect_broker(frame.get("server"))
+        self._client_decoder.version = self.version
+        self._broker_decoder.version = self.version
+        loop = asyncio.get_running_loop()
+        self.leg = UpstreamLeg(loop, self._write_broker, broker=self.broker,
+                               version=self.version,
+                               native_expiry=self.sidecar.config.native_expiry,
+                               label=self.label)
+        log.info("session %s: %s connected through to %s (STOMP %s)", self.label, self.peer,
+                 self.broker, self.version)
+        self._write_client(frame)
+
+    # -- relaying ------------------------------------------------------------------------
+
+    async def _relay(self) -> str:
+        self._client_task = asyncio.create_task(self._pump_client())
+        broker_task = asyncio.create_task(self._pump_broker())
+        done, _ = await asyncio.wait({self._client_task, broker_task},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if broker_task in done:
+            self._client_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._client_task
+            outcome = broker_task.result()
+            if not self._client_done:
+                self._send_error("broker connection lost", detail=outcome)
+            return outcome
+        try:
+            outcome = self._client_task.result()
+        except asyncio.CancelledError:
+            outcome = "shutdown"
+            self._send_error("the sidecar is shutting down; reconnect")
+        # Let the broker confirm what it was given before the connection goes.
+        await self._drain_broker(broker_task)
+        return outcome
+
+    async def _drain_broker(self, broker_task: asyncio.Task[str]) -> None:
+        timeout = self.sidecar.config.drain_timeout_ms / 1000.0
+        if not broker_task.done() and self._broker_writer is not None:
+            self._write_broker(Frame("DISCONNECT", [("receipt", self._chain.expect())]))
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(broker_task), timeout)
+        if not broker_task.done():
+            broker_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await broker_task
+
+    async def _pump_client(self) -> str:
+        try:
+            async for item in self._client_frames():
+                if item is HEARTBEAT:
+                    self._write_broker_bytes(b"\n")
+                    continue
+                assert isinstance(item, Frame)
+                self.metrics.frame("client", item.command)
+                self._on_client_frame(item)
+                if self._client_done:
+                    return "disconnect"
+                await self._drain(self._broker_writer)
+        except FrameError as exc:
+            self.metrics.protocol_errors.labels("client").inc()
+            log.info("session %s: malformed frame from %s: %s", self.label, self.peer,
+                     exc.reason)
+            self._send_error(exc.reason)
+            return "protocol-error"
+        except SessionEnded as ended:
+            return str(ended)
+        except (ConnectionError, OSError):
+            return "client-lost"
+        return "client-closed"
+
+    async def _pump_broker(self) -> str:
+        try:
+            async for item in self._broker_frames():
+                if item is HEARTBEAT:
+                    self._write_client_bytes(b"\n")
+                    continue
+                assert isinstance(item, Frame)
+                self.metrics.frame("broker", item.command)
+                if self._on_broker_frame(item):
+                    return "broker-error"
+                await self._drain(self._client_writer)
+        except FrameError as exc:
+            self.metrics.protocol_errors.labels("broker").inc()
+            log.warning("session %s: malformed frame from the broker: %s", self.label,
+                        exc.reason)
+            return f"broker sent a malformed frame: {exc.reason}"
+        except (ConnectionError, OSError):
+            pass
+        self.metrics.upstream_failures.labels("lost").inc()
+        return "broker-closed"
+
+    async def _client_frames(self) -> AsyncIterator[Frame | object]:
+        async for item in _frames(self._client_reader, self._client_decoder, self.metrics,
+                                  "client"):
+            yield item
+
+    async def _broker_frames(self) -> AsyncIterator[Frame | object]:
+        assert self._broker_reader is not None
+        async for item in _frames(self._broker_reader, self._broker_decoder, self.metrics,
+                                  "broker"):
+            yield item
+
+    @staticmethod
+    async def _drain(writer: asyncio.StreamWriter | None) -> None:
+        # Back-pressure: wait only when the peer is not keeping up.
+        if writer is not None and writer.transport.get_write_buffer_size() > 1 << 20:
+            await writer.drain()
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _write_client(self, frame: Frame) -> None:
+        self._client_writer.write(encode(frame, self.version))
+
+    def _write_client_bytes(self, data: bytes) -> None:
+        self._client_writer.write(data)
+
+    def _write_broker(self, frame: Frame) -> None:
+        if self._broker_writer is not None:
+            self._broker_writer.write(encode(frame, self.version))
+
+    def _write_broker_bytes(self, data: bytes) -> None:
+        if self._broker_writer is not None:
+            self._broker_writer.write(data)
+
+    def _client_receipt(self, receipt_id: str) -> None:
+        self._write_client(Frame("RECEIPT", [("receipt-id", receipt_id)]))
+
+    def _send_error(self, message: str, *, receipt: str | None = None, detail: str = "") -> None:
+        headers = [("message", message[:200]), ("content-type", "text/plain")]
+        if receipt is not None:
+            headers.append(("receipt-id", receipt))
+        with contextlib.suppress(Exception):
+            self._write_client(Frame("ERROR", headers, (detail or message).encode()[:2000]))
+        self._client_done = True
+
+    def _fail(self, message: str, *, receipt: str | None = None, detail: str = "") -> None:
+        """ERROR frame to the client, then the session ends (STOMP: close after ERROR)."""
+        self._send_error(message, receipt=receipt, detail=detail)
+        raise SessionEnded("client-error")
+
+    # -- client frames -------------------------------------------------------------------
+
+    def _on_client_frame(self, frame: Frame) -> None:
+        command = frame.command
+        if command == "SEND":
+            self._on_send(frame)
+        elif command in ("ACK", "NACK"):
+            self._on_settle(frame)
+        elif command == "SUBSCRIBE":
+            self._on_subscribe(frame)
+        elif command == "UNSUBSCRIBE":
+            self._on_unsubscribe(frame)
+        elif command == "BEGIN":
+            self._on_begin(frame)
+        elif command == "COMMIT":
+            self._on_commit(frame)
+        elif command == "ABORT":
+            self._on_abort(frame)
+        elif command == "DISCONNECT":
+            self._forward(frame)
+            self._client_done = True
+        else:  # CONNECT / STOMP again
+            self._fail(f"{command} on a connection that is already connected")
+
+    def _forward(self, frame: Frame) -> None:
+        """Relay a client frame; its receipt (if asked for) comes back through the chain."""
+        receipt = frame.get("receipt")
+        if receipt is not None:
+            frame.set("receipt", self._chain.expect(receipt))
+        self._write_broker(frame)
+
+    def _on_send(self, frame: Frame) -> None:
+        destination = frame.get("destination")
+        receipt = frame.get("receipt")
+        if not destination:
+            self._fail("SEND without a destination header", receipt=receipt)
+        tx_id = frame.get("transaction")
+        transaction = None
+        if tx_id is not None:
+            transaction = self._transactions.get(tx_id)
+            if transaction is None:
+                self._fail(f"transaction {tx_id!r} was not begun", receipt=receipt)
+        assert destination is not None and self.leg is not None
+        message = self._message_of_send(frame, destination)
+        ctx = self.guard.context(message.address, self.leg.capabilities, role="sidecar",
+                                 transaction=tx_id, broker=self.broker)
+        started = time.perf_counter()
+        verdict = self.guard.decide_send(message, ctx)
+        self.metrics.send_guard.observe(time.perf_counter() - started)
+        action = verdict.action
+        self.metrics.messages.labels("send", action.value).inc()
+        if action is Action.REJECT:
+            if transaction is not None:
+                # Artemis: the transaction becomes rollback-only; its COMMIT fails.
+                state = transaction.state
+                state.rollback_reason = state.rollback_reason or verdict.reason
+                self._chain.local(receipt)
+                return
+            self._fail(f"message rejected: {verdict.reason}"[:200], receipt=receipt)
+        if action is Action.DROP:
+            self._chain.local(receipt)  # the send "succeeds" for the client (Artemis)
+            return
+        if action is Action.MOVE and verdict.address:
+            moved = message.copy_for(verdict.address)
+            moved.message_id = message.message_id
+            message, destination = moved, _destination_of(verdict.address)
+        if message.expiration:
+            self.sidecar.watch_expiring(message.address)
+        try:
+            headers = send_headers(message, self.broker, persistent=False,
+                                   native_expiry=self.sidecar.config.native_expiry)
+        except AdapterError as exc:
+            self._fail(str(exc)[:200], receipt=receipt)
+        out = Frame("SEND", [("destination", destination)], frame.body)
+        out.headers.extend(headers.items())
+        if transaction is not None:
+            out.headers.append(("transaction", tx_id))  # type: ignore[arg-type]
+            transaction.state.messages.append(message)
+            if receipt is not None:
+                out.headers.append(("receipt", self._chain.expect(receipt)))
+        else:
+            # A receipt of our own on every SEND: the "sent" event then means the broker
+            # has the message, and an unconfirmed one is recorded as an unknown outcome.
+            out.headers.append(("receipt", self._chain.expect(
+                receipt,
+                on_done=lambda: self.guard.sent(message, ctx),
+                on_fail=lambda reason: self.guard.send_failed(
+                    message, ctx, AdapterError(reason)))))
+        self._write_broker(out)
+
+    def _message_of_send(self, frame: Frame, destination: str) -> Message:
+        headers: dict[str, str] = {}
+        for key, value in frame.headers:
+            if key not in _FRAMING_SEND_HEADERS and key not in headers:
+                headers[key] = value
+        message = Message.from_wire(address_of(destination), frame.body, headers)
+        if message.producer_id is None:
+            message.producer_id = self._producer_id
+            message.sequence = next(self._sequence)
+        # The client's own expiration: STOMP/ActiveMQ ``expires`` (absolute epoch ms) or
+        # RabbitMQ's ``expiration`` (relative ms). It is re-encoded for the broker.
+        expires = headers.get("expires")
+        if expires is not None and (value := parse_wire_int(expires)) is not None:
+            message.headers.pop("expires", None)
+            if value > 0 and not message.expiration:
+                message.expiration = value
+        expiration = headers.get("expiration")
+        if (self.broker == "rabbitmq" and expiration is not None
+                and (value := parse_wire_int(expiration)) is not None):
+            message.headers.pop("expiration", None)
+            if not message.expiration:
+                message.expiration = now_ms() + value
+        return message
+
+    def _on_subscribe(self, frame: Frame) -> None:
+        destination = frame.get("destination")
+        receipt = frame.get("receipt")
+        if not destination:
+            self._fail("SUBSCRIBE without a destination header", receipt=receipt)
+        assert destination is not None
+        mode = frame.get("ack") or "auto"
+        if mode not in ACK_MODES:
+            self._fail(f"unknown ack mode {mode!r}", receipt=receipt)
+        sub_id = frame.get("id")
+        if sub_id is None:  # optional in STOMP 1.0
+            sub_id = f"mqguard-sub-{next(self._sub_ids)}"
+            frame.set("id", sub_id)
+        if sub_id in self._subs:
+            self._fail(f"subscription id {sub_id!r} is already in use", receipt=receipt)
+        browse = frame.get("browser") == "true"
+        self._subs[sub_id] = _Subscription(
+            sub_id, destination, address_of(destination), mode, browse=browse,
+            quorum=frame.get("x-queue-type") == "quorum")
+        if not browse:
+            frame.set("ack", "client-individual")
+        self._forward(frame)
+
+    def _on_unsubscribe(self, frame: Frame) -> None:
+        sub = self._subs.pop(frame.get("id") or "", None)
+        if sub is not None and self.leg is not None:
+            for token in sub.pending:
+                self._token_sub.pop(token, None)
+                self.leg.forget(token)  # the broker takes them back
+        self._forward(frame)
+
+    def _on_begin(self, frame: Frame) -> None:
+        tx_id = frame.get("transaction")
+        if not tx_id:
+            self._fail("BEGIN without a transaction header", receipt=frame.get("receipt"))
+        assert tx_id is not None
+        if tx_id in self._transactions:
+            self._fail(f"transaction {tx_id!r} is already open", receipt=frame.get("receipt"))
+        self._transactions[tx_id] = _Transaction(TransactionState(tx_id))
+        self._forward(frame)
+
+    def _take_transaction(self, frame: Frame) -> tuple[str, _Transaction]:
+        tx_id = frame.get("transaction") or ""
+        transaction = self._transactions.pop(tx_id, None)
+        if transaction is None:
+            self._fail(f"{frame.command} of unknown transaction {tx_id!r}",
+                       receipt=frame.get("receipt"))
+        assert transaction is not None
+        return tx_id, transaction
+
+    def _on_commit(self, frame: Frame) -> None:
+        tx_id, transaction = self._take_transaction(frame)
+        assert self.leg is not None
+        state = transaction.state
+        ctx = self.guard.transaction_context(self.leg.capabilities, self.broker, state)
+        reason = self.guard.commit_check(state, ctx)
+        if reason is not None:
+            self._write_broker(Frame("ABORT", [("transaction", tx_id)]))
+            self.guard.rolled_back(state, ctx, reason)
+            self.metrics.messages.labels("commit", "rolled-back").inc()
+            self._fail(f"transaction {tx_id} rolled back: {reason}"[:200],
+                       receipt=frame.get("receipt"),
+                       detail=f"COMMIT of {tx_id} failed, nothing of it was sent: {reason}")
+        guard = self.guard
+
+        def committed() -> None:
+            guard.committed(state, ctx)
+            for _sub, delivery, delivery_ctx in transaction.acks:
+                guard.finish_delivery(self.leg, delivery, delivery_ctx, None,  # type: ignore[arg-type]
+                                      settled=True)
+
+        frame.set("receipt", self._chain.expect(
+            frame.get("receipt"), on_done=committed,
+            on_fail=lambda why: guard.commit_failed(state, ctx, why)))
+        self._write_broker(frame)
+
+    def _on_abort(self, frame: Frame) -> None:
+        _, transaction = self._take_transaction(frame)
+        assert self.leg is not None
+        state = transaction.state
+        ctx = self.guard.transaction_context(self.leg.capabilities, self.broker, state)
+        self.guard.rolled_back(state, ctx, "aborted by the client")
+        # Acks inside it are void: those deliveries are the client's to settle again.
+        for sub, delivery, delivery_ctx in transaction.acks:
+            token = delivery.ack_token
+            if sub.id in self._subs:
+                sub.pending[token] = (delivery, delivery_ctx)
+                self._token_sub[token] = sub
+                self.leg.delivered(token)
+        self._forward(frame)
+
+    def _on_settle(self, frame: Frame) -> None:
+        assert self.leg is not None
+        token = frame.get("id") if self.version == "1.2" else frame.get("message-id")
+        receipt = frame.get("receipt")
+        sub = self._token_sub.get(token or "")
+        if token is None or sub is None:
+            # Not a delivery the guard tracks (browsing, or already settled by the guard):
+            # the broker has the final word.
+            self._forward(frame)
+            return
+        covered = [token]
+        if sub.mode == "client":
+            # Cumulative: everything delivered on the subscription up to this one.
+            covered = []
+            for pending in sub.pending:
+                covered.append(pending)
+                if pending == token:
+                    break
+        tx_id = frame.get("transaction")
+        transaction = self._transactions.get(tx_id) if tx_id is not None else None
+        if tx_id is not None and transaction is None:
+            self._fail(f"{frame.command} in unknown transaction {tx_id!r}", receipt=receipt)
+        for each in covered:
+            delivery, ctx = sub.pending.pop(each)
+            self._token_sub.pop(each, None)
+            if transaction is not None:
+                if frame.command == "ACK":
+                    transaction.acks.append((sub, delivery, ctx))
+                    self.leg.ack(delivery, transaction=tx_id)
+                else:
+                    self._write_broker(Frame("NACK", [
+                        *ack_headers(self.version, each, sub.id), ("transaction", tx_id)]))
+                    self.leg.forget(each)
+                continue
+            error = None if frame.command == "ACK" else Nack("NACK from the client")
+            self.guard.finish_delivery(self.leg, delivery, ctx, error)
+        self._chain.local(receipt)
+
+    # -- broker frames -------------------------------------------------------------------
+
+    def _on_broker_frame(self, frame: Frame) -> bool:
+        """Handle one broker frame; True when the session must end (ERROR)."""
+        command = frame.command
+        if command == "MESSAGE":
+            self._on_message(frame)
+        elif command == "RECEIPT":
+            receipt_id = frame.get("receipt-id") or ""
+            if self.leg is not None and self.leg.receipt(receipt_id):
+                return False
+            if self._chain.owns(receipt_id):
+                self._chain.confirmed(receipt_id)
+                return False
+            self._write_client(frame)
+        elif command == "ERROR":
+            receipt_id = frame.get("receipt-id")
+            if receipt_id is not None and self._chain.owns(receipt_id):
+                client_receipt = self._chain.client_receipt_of(receipt_id)
+                frame.remove("receipt-id")
+                if client_receipt is not None:
+                    frame.set("receipt-id", client_receipt)
+            self._write_client(frame)
+            self._client_done = True
+            return True
+        else:  # a second CONNECTED
+            self._send_error("the broker sent an unexpected frame", detail=command)
+            return True
+        return False
+
+    def _on_message(self, frame: Frame) -> None:
+        assert self.leg is not None
+        sub = self._subs.get(frame.get("subscription") or "")
+        if sub is None or sub.browse:
+            # Unknown: unsubscribed meanwhile (unacked, so the broker gets it back);
+            # browsing consumes nothing, so there is nothing to guard.
+            if sub is not None:
+                self._write_client(frame)
+            return
+        token = frame.get("ack") if self.version == "1.2" else frame.get("message-id")
+        if token is None:
+            self._write_client(frame)  # nothing to settle with: relay as is
+            return
+        headers = frame.header_dict()
+        message = Message.from_wire(
+            sub.queue, frame.body,
+            {k: v for k, v in headers.items() if k not in BROKER_MESSAGE_HEADERS},
+            broker_message_id=headers.get("message-id"))
+        delivery = Delivery(message, sub.id, token,
+                            redelivered=headers.get("redelivered") == "true",
+                            native_delivery_count=_native_count(self.broker, sub, headers),
+                            raw_headers=headers)
+        self.leg.delivered(token)
+        started = time.perf_counter()
+        ctx = self.guard.open_delivery(self.leg, delivery, queue=sub.queue)
+        self.metrics.deliver_guard.observe(time.perf_counter() - started)
+        if ctx is None:
+            self.metrics.messages.labels("deliver", "taken").inc()
+            return
+        self.metrics.messages.labels("deliver", "continue").inc()
+        self._write_client(frame)
+        if sub.mode == "auto":
+            self.guard.finish_delivery(self.leg, delivery, ctx, None)
+            return
+        sub.pending[token] = (delivery, ctx)
+        self._token_sub[token] = sub
+
+
+def _destination_of(address: str) -> str:
+    return address if address.startswith("/") else f"/queue/{address}"
+
+
+def _native_count(broker: str, sub: _Subscription, headers: dict[str, str]) -> int | None:
+    raw = headers.get("x-delivery-count")
+    number = parse_wire_int(raw) if raw is not None else None
+    if number is not None:
+        return number + 1  # RabbitMQ counts the earlier deliveries
+    if broker == "rabbitmq" and sub.quorum:
+        return 1  # a quorum queue omits the header on the first delivery
+    return None
+
+
+async def _frames(reader: asyncio.StreamReader, decoder: FrameDecoder,
+                  metrics: object, side: str) -> AsyncIterator[Frame | object]:
+    counter = metrics.bytes.labels(side)  # type: ignore[attr-defined]
+    while True:
+        data = await reader.read(_READ_CHUNK)
+        if not data:
+            return
+        counter.inc(len(data))
+        for item in decoder.feed(data):
+            yield item
