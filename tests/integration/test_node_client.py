@@ -142,3 +142,31 @@ def test_node_client_reports_error_frame(request: pytest.FixtureRequest, node_cl
                                 login="guest", passcode="guest", vhost=f"/{unique_name}")
     assert result["exit_code"] == 1, result
     assert any(e.startswith("ERROR frame:") for e in result["errors"]), result
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_node_client_through_the_sidecar(kind: str, request: pytest.FixtureRequest,
+                                         node_client: str, unique_name: str,
+                                         tmp_path: Path) -> None:
+    """The same Node.js client through ``mqguard sidecar``: every message once, in order,
+    and the resent duplicate ids are rejected by the sidecar (still receipted)."""
+    from mqguard.config import parse_config
+    from mqguard.events import read_events
+    from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+
+    upstream = request.getfixturevalue(f"{kind}_server").urls["stomp"]
+    config = parse_config({"mqguard": {"node-id": "node-sidecar", "event-log": {
+        "directory": str(tmp_path / "events"), "flush-interval-ms": 20}}})
+    with SidecarThread(Sidecar(config, parse_upstream(upstream))) as proxy:
+        result = run_node_roundtrip("127.0.0.1", proxy.port, f"/queue/{unique_name}", 10,
+                                    node=node_client, dup_id_every=3,
+                                    dup_id_prefix=f"{unique_name}-", **LOGIN)
+        proxy.sidecar.guard.events.flush()
+        kinds = [e["type"] for e in read_events(tmp_path / "events")]
+    assert result["errors"] == [] and result["exit_code"] == 0, result
+    assert (result["sent"], result["duplicates_sent"], result["receipts"]) == (10, 3, 13)
+    assert result["stomp_version"] == "1.2"
+    assert result["received"] == list(range(1, 11)), "the sidecar let a duplicate through"
+    assert result["headers_sample"]["seq"] == "1"
+    assert kinds.count("duplicate_rejected") == 3
+    assert kinds.count("sent") == 10 and kinds.count("acked") == 10
