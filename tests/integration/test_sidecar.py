@@ -8,6 +8,8 @@ expired message reaches the expiry address, a duplicate delivery is suppressed.
 from __future__ import annotations
 
 import json
+import ssl
+import subprocess
 import threading
 import time
 import urllib.request
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 import stomp  # type: ignore[import-untyped]
+import stomp.exception  # type: ignore[import-untyped]
 
 from mqguard.config import parse_config
 from mqguard.events import read_events
@@ -326,3 +329,61 @@ def test_admin_port_serves_health_and_metrics(proxy: SidecarThread,
     assert 'mqguard_sidecar_frames_total{command="SEND",direction="client"} 1.0' in metrics
     assert 'mqguard_sidecar_messages_total{path="send",verdict="continue"} 1.0' in metrics
     assert "mqguard_sidecar_guard_seconds_bucket" in metrics
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_heart_beats_flow_through_both_legs(proxy: SidecarThread, clients: list[Client],
+                                            unique_name: str) -> None:
+    """Negotiated end to end (the CONNECT's heart-beat header passes through): an idle
+    client stays connected for many intervals because beats flow both ways."""
+    client = connect(proxy, clients)
+    disconnects: list[str] = []
+    client.on_disconnected = lambda: disconnects.append("lost")  # type: ignore[method-assign]
+    client.on_heartbeat_timeout = lambda: disconnects.append("timeout")  # type: ignore[method-assign]
+    time.sleep(4.0)  # four 1 s intervals without a frame
+    assert disconnects == [] and client.conn.is_connected()
+    client.conn.send(f"/queue/{unique_name}", "after-idle", receipt="r")
+    wait_for(lambda: client.receipts == ["r"], 10, "receipt after the idle time")
+
+
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+@pytest.mark.parametrize("broker", BROKERS[:1], indirect=True)
+def test_tls_on_both_legs(broker: tuple[str, Any], tmp_path: Path, unique_name: str) -> None:
+    """Client --TLS--> sidecar A --> broker, and client --> sidecar B --TLS--> sidecar A:
+    the client leg and the upstream leg over TLS, certificates verified."""
+    cert, key = make_certificate(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(str(cert), str(key))
+    config = parse_config({"mqguard": {"message-expiry-scan-period": -1,
+                                       "event-log": {"enabled": False}}})
+    front = Sidecar(config, parse_upstream(broker[1].urls["stomp"]), tls=server_tls)
+    with SidecarThread(front) as tls_proxy:
+        conn = stomp.Connection12([("127.0.0.1", tls_proxy.port)], vhost="/")
+        conn.set_ssl(for_hosts=[("127.0.0.1", tls_proxy.port)], ca_certs=str(cert))
+        got: list[str] = []
+        listener = stomp.ConnectionListener()
+        listener.on_message = lambda frame: got.append(frame.body)  # type: ignore[method-assign]
+        conn.set_listener("l", listener)
+        conn.connect("guest", "guest", wait=True)
+        conn.subscribe(f"/queue/{unique_name}", id="s", ack="auto")
+        chained = Sidecar(config, parse_upstream(f"stomp+ssl://127.0.0.1:{tls_proxy.port}",
+                                                 cafile=str(cert)))
+        with SidecarThread(chained) as plain_proxy:
+            sender = Client(plain_proxy.port)
+            sender.conn.send(f"/queue/{unique_name}", "over TLS", receipt="t")
+            wait_for(lambda: sender.receipts == ["t"], 10, "receipt through both sidecars")
+            wait_for(lambda: got == ["over TLS"], 10, "the message over TLS")
+            sender.close()
+        conn.disconnect()
+        untrusted = Sidecar(config, parse_upstream(f"stomp+ssl://127.0.0.1:{tls_proxy.port}"))
+        with SidecarThread(untrusted) as bad_proxy:
+            with pytest.raises(stomp.exception.ConnectFailedException):
+                Client(bad_proxy.port)  # the CA is not trusted: the upstream leg refuses
