@@ -34,6 +34,7 @@ import itertools
 import logging
 import ssl
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -58,6 +59,8 @@ from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
 from mqguard.verdict import Action
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from mqguard.sidecar.server import Sidecar
 
 log = logging.getLogger("mqguard.sidecar")
@@ -119,6 +122,9 @@ class ProxySession:
         limits = sidecar.limits
         self._client_decoder = FrameDecoder(limits=limits, commands=CLIENT_COMMANDS)
         self._broker_decoder = FrameDecoder(limits=limits, commands=SERVER_COMMANDS)
+        self._client_source = _FrameSource(reader, self._client_decoder,
+                                           self.metrics.bytes.labels("client"))
+        self._broker_source: _FrameSource | None = None
         self._broker_reader: asyncio.StreamReader | None = None
         self._broker_writer: asyncio.StreamWriter | None = None
         self.version = "1.0"
@@ -219,6 +225,8 @@ class ProxySession:
             self._send_error("broker unreachable", detail=f"{upstream.where}: {exc}")
             return False
         self._broker_reader, self._broker_writer = reader, writer
+        self._broker_source = _FrameSource(reader, self._broker_decoder,
+                                           self.metrics.bytes.labels("broker"))
         writer.write(encode(connect, "1.0"))
         try:
             async with asyncio.timeout(timeout):
@@ -335,14 +343,12 @@ class ProxySession:
         return "broker-closed"
 
     async def _client_frames(self) -> AsyncIterator[Frame | object]:
-        async for item in _frames(self._client_reader, self._client_decoder, self.metrics,
-                                  "client"):
+        while (item := await self._client_source.next()) is not None:
             yield item
 
     async def _broker_frames(self) -> AsyncIterator[Frame | object]:
-        assert self._broker_reader is not None
-        async for item in _frames(self._broker_reader, self._broker_decoder, self.metrics,
-                                  "broker"):
+        assert self._broker_source is not None
+        while (item := await self._broker_source.next()) is not None:
             yield item
 
     @staticmethod
@@ -708,13 +714,40 @@ def _native_count(broker: str, sub: _Subscription, headers: dict[str, str]) -> i
     return None
 
 
-async def _frames(reader: asyncio.StreamReader, decoder: FrameDecoder,
-                  metrics: object, side: str) -> AsyncIterator[Frame | object]:
-    counter = metrics.bytes.labels(side)  # type: ignore[attr-defined]
-    while True:
-        data = await reader.read(_READ_CHUNK)
-        if not data:
-            return
-        counter.inc(len(data))
-        for item in decoder.feed(data):
-            yield item
+class _FrameSource:
+    """The frames of one direction of a connection, decoded ahead, handed out one by one.
+
+    One read may complete several frames. Whatever a consumer has not taken yet stays here
+    for its next call, so stopping after one frame loses nothing: a client may pipeline
+    frames right behind its CONNECT, and they must reach the relay once the handshake is
+    done (a read-ahead that died with the handshake's ``async for`` silently dropped them).
+    Frames completed before a malformed one in the same read are handed out before its
+    :class:`FrameError`: they were valid and are processed like any other (a SEND with a
+    receipt followed by garbage is still delivered and receipted before the ERROR).
+    """
+
+    __slots__ = ("_counter", "_decoder", "_error", "_reader", "_ready")
+
+    def __init__(self, reader: asyncio.StreamReader, decoder: FrameDecoder,
+                 counter: Counter) -> None:
+        self._reader = reader
+        self._decoder = decoder
+        self._counter = counter
+        self._ready: deque[Frame | object] = deque()
+        self._error: FrameError | None = None
+
+    async def next(self) -> Frame | object | None:
+        """The next frame or HEARTBEAT; None at end of stream; FrameError when malformed."""
+        while not self._ready:
+            if self._error is not None:
+                raise self._error
+            data = await self._reader.read(_READ_CHUNK)
+            if not data:
+                return None
+            self._counter.inc(len(data))
+            try:
+                self._ready.extend(self._decoder.feed(data))
+            except FrameError as exc:
+                self._ready.extend(exc.frames)
+                self._error = exc
+        return self._ready.popleft()
