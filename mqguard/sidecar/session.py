@@ -207,6 +207,11 @@ class ProxySession:
                     return item
         except TimeoutError:
             self._send_error(f"no CONNECT frame within {timeout:g} s")
+        except FrameError as exc:
+            # Garbage instead of a CONNECT is the client's protocol error, answered like
+            # one later in the session (it used to escape as an "internal error" with a
+            # logged traceback).
+            self._protocol_error(exc)
         return None
 
     async def _open_broker(self, connect: Frame) -> bool:
@@ -310,10 +315,7 @@ class ProxySession:
                     return "disconnect"
                 await self._drain(self._broker_writer)
         except FrameError as exc:
-            self.metrics.protocol_errors.labels("client").inc()
-            log.info("session %s: malformed frame from %s: %s", self.label, self.peer,
-                     exc.reason)
-            self._send_error(exc.reason)
+            self._protocol_error(exc)
             return "protocol-error"
         except SessionEnded as ended:
             return str(ended)
@@ -375,6 +377,11 @@ class ProxySession:
 
     def _client_receipt(self, receipt_id: str) -> None:
         self._write_client(Frame("RECEIPT", [("receipt-id", receipt_id)]))
+
+    def _protocol_error(self, exc: FrameError) -> None:
+        self.metrics.protocol_errors.labels("client").inc()
+        log.info("session %s: malformed frame from %s: %s", self.label, self.peer, exc.reason)
+        self._send_error(exc.reason, detail=str(exc)[:500])
 
     def _send_error(self, message: str, *, receipt: str | None = None, detail: str = "") -> None:
         headers = [("message", message[:200]), ("content-type", "text/plain")]
