@@ -387,8 +387,18 @@ class ProxySession:
         headers = [("message", message[:200]), ("content-type", "text/plain")]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
-        with contextlib.suppress(Exception):
-            self._write_client(Frame("ERROR", headers, (detail or message).encode()[:2000]))
+        frame = Frame("ERROR", headers, (detail or message).encode()[:2000])
+
+        def write() -> None:
+            with contextlib.suppress(Exception):
+                self._write_client(frame)
+
+        # The ERROR is the client's last frame (STOMP: ERROR, then close), so it queues
+        # behind the receipts still owed for the frames before the bad one: the broker
+        # confirms those while the session drains, or they are failed when it ends
+        # (ReceiptChain.fail_all runs this then). Written at once, a RECEIPT could follow
+        # the ERROR, which a client has every reason to ignore.
+        self._chain.local(None, on_done=write)
         self._client_done = True
 
     def _fail(self, message: str, *, receipt: str | None = None, detail: str = "") -> None:
@@ -753,8 +763,29 @@ class _FrameSource:
                 return None
             self._counter.inc(len(data))
             try:
-                self._ready.extend(self._decoder.feed(data))
+                self._ready.extend(_without_padding(self._decoder.feed(data)))
             except FrameError as exc:
-                self._ready.extend(exc.frames)
+                self._ready.extend(_without_padding(exc.frames))
                 self._error = exc
         return self._ready.popleft()
+
+
+def _without_padding(items: list[Frame | object]) -> list[Frame | object]:
+    """Drop the EOLs that follow a frame in the same read: padding, not heart-beats.
+
+    Brokers end every frame with ``NUL EOL``; the frame itself is the sign of life a
+    heart-beat would be. Relayed as heart-beats, those EOLs put ``"\\n\\n"`` on the wire
+    whenever the frame between them was the sidecar's own (a RECEIPT it answers itself),
+    and stomp.py 9 silently drops the frame that arrives behind a ``"\\n\\n"`` read (its
+    end-of-headers search matches the leading blank line). EOLs at the start of a read,
+    an idle peer's heart-beats, are kept.
+    """
+    out: list[Frame | object] = []
+    after_frame = False
+    for item in items:
+        if item is not HEARTBEAT:
+            after_frame = True
+        elif after_frame:
+            continue
+        out.append(item)
+    return out
