@@ -212,6 +212,8 @@ class ProxySession:
             # one later in the session (it used to escape as an "internal error" with a
             # logged traceback).
             self._protocol_error(exc)
+        else:
+            self._truncated_frame()
         return None
 
     async def _open_broker(self, connect: Frame) -> bool:
@@ -321,6 +323,8 @@ class ProxySession:
             return str(ended)
         except (ConnectionError, OSError):
             return "client-lost"
+        if self._truncated_frame():
+            return "client-lost"
         return "client-closed"
 
     async def _pump_broker(self) -> str:
@@ -377,6 +381,20 @@ class ProxySession:
 
     def _client_receipt(self, receipt_id: str) -> None:
         self._write_client(Frame("RECEIPT", [("receipt-id", receipt_id)]))
+
+    def _truncated_frame(self) -> bool:
+        """At the client's end of stream: True (and an ERROR) if it ended inside a frame.
+
+        The partial frame is dropped, never forwarded. A client that only half-closed its
+        side (or a content-length promising more than it sent) still reads why.
+        """
+        if not self._client_decoder.buffered:
+            return False
+        self.metrics.protocol_errors.labels("client").inc()
+        log.info("session %s: %s closed its side in the middle of a frame (%d bytes dropped)",
+                 self.label, self.peer, self._client_decoder.buffered)
+        self._send_error("incomplete frame: the connection ended in the middle of a frame")
+        return True
 
     def _protocol_error(self, exc: FrameError) -> None:
         self.metrics.protocol_errors.labels("client").inc()
