@@ -234,7 +234,15 @@ class ProxySession:
         self._broker_reader, self._broker_writer = reader, writer
         self._broker_source = _FrameSource(reader, self._broker_decoder,
                                            self.metrics.bytes.labels("broker"))
-        writer.write(encode(connect, "1.0"))
+        try:
+            data = encode(connect, "1.0")
+        except FrameError as exc:
+            # A header the decoder accepted but no frame can carry (a value ending in CR:
+            # CONNECT is never escaped): the client's error, not the sidecar's.
+            self.metrics.protocol_errors.labels("client").inc()
+            self._send_error(f"CONNECT cannot be forwarded: {exc.reason}")
+            return False
+        writer.write(data)
         try:
             async with asyncio.timeout(timeout):
                 async for item in self._broker_frames():
@@ -252,6 +260,18 @@ class ProxySession:
             self.metrics.upstream_failures.labels("connect").inc()
             self._send_error(f"broker did not answer CONNECT within {timeout:g} s")
             return False
+        except (ConnectionError, OSError) as exc:
+            # A reset (the broker going down, a proxy in between refusing) is the broker
+            # closing the connection, not a failure inside the sidecar.
+            log.warning("session %s: broker %s reset the connection during CONNECT: %s",
+                        self.label, upstream.where, type(exc).__name__)
+        except FrameError as exc:
+            self.metrics.protocol_errors.labels("broker").inc()
+            log.warning("session %s: malformed frame from the broker: %s", self.label,
+                        exc.reason)
+            self._send_error("the broker sent a malformed frame during CONNECT")
+            return False
+        self.metrics.upstream_failures.labels("connect").inc()
         self._send_error("broker closed the connection during CONNECT")
         return False
 
