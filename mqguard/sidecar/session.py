@@ -142,6 +142,8 @@ class ProxySession:
         self._sequence = itertools.count(1)
         self._client_done = False  # the client said DISCONNECT or got its ERROR
         self._shutting_down = False
+        #: The sidecar has given (or queued) its ERROR: nothing else may follow it.
+        self._ending = False
         self._client_task: asyncio.Task[str] | None = None
 
     # -- life cycle ----------------------------------------------------------------------
@@ -351,7 +353,8 @@ class ProxySession:
         try:
             async for item in self._broker_frames():
                 if item is HEARTBEAT:
-                    self._write_client_bytes(b"\n")
+                    if not self._ending:
+                        self._write_client_bytes(b"\n")
                     continue
                 assert isinstance(item, Frame)
                 self.metrics.frame("broker", item.command)
@@ -438,6 +441,7 @@ class ProxySession:
         # the ERROR, which a client has every reason to ignore.
         self._chain.local(None, on_done=write)
         self._client_done = True
+        self._ending = True
 
     def _fail(self, message: str, *, receipt: str | None = None, detail: str = "") -> None:
         """ERROR frame to the client, then the session ends (STOMP: close after ERROR)."""
@@ -692,6 +696,12 @@ class ProxySession:
     def _on_broker_frame(self, frame: Frame) -> bool:
         """Handle one broker frame; True when the session must end (ERROR)."""
         command = frame.command
+        if self._ending and command != "RECEIPT":
+            # The session is ending with the sidecar's ERROR, which STOMP makes the client's
+            # last frame, while the broker connection drains. What the broker still sends is
+            # not relayed: a MESSAGE stays unacknowledged (not even auto-acked), so the broker
+            # redelivers it once this connection is gone; nothing is lost.
+            return command == "ERROR"
         if command == "MESSAGE":
             self._on_message(frame)
         elif command == "RECEIPT":
@@ -701,7 +711,8 @@ class ProxySession:
             if self._chain.owns(receipt_id):
                 self._chain.confirmed(receipt_id)
                 return False
-            self._write_client(frame)
+            if not self._ending:
+                self._write_client(frame)
         elif command == "ERROR":
             receipt_id = frame.get("receipt-id")
             if receipt_id is not None and self._chain.owns(receipt_id):
