@@ -215,6 +215,10 @@ class ProxySession:
             # one later in the session (it used to escape as an "internal error" with a
             # logged traceback).
             self._protocol_error(exc)
+        except (ConnectionError, OSError):
+            # The client reset the connection before its CONNECT was complete: nobody is
+            # left to tell, and it is no failure of the sidecar (was logged as one).
+            pass
         else:
             self._truncated_frame()
         return None
