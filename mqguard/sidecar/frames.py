@@ -1,0 +1,589 @@
+"""STOMP 1.0 / 1.1 / 1.2 frame codec for the sidecar proxy.
+
+Wire format (all three versions)::
+
+    COMMAND EOL
+    *( name ":" value EOL )
+    EOL
+    *OCTET NUL
+    *( EOL )            <- heart-beats / padding between frames
+
+``EOL`` is ``"\\n"`` or ``"\\r\\n"``.  CRLF is a STOMP 1.2 feature, but 1.0 and 1.1 peers send it
+too, so it is accepted in every version: exactly one ``"\\r"`` before a ``"\\n"`` belongs to the
+EOL.  Any other ``"\\r"`` in a header line is kept verbatim.
+
+Headers
+    UTF-8.  A line splits at its *first* ``":"`` (a value may contain more colons; strict 1.2
+    wants them escaped, real peers send them raw).  Nothing is trimmed in any version: the 1.1
+    and 1.2 specs forbid it, and for 1.0 a proxy must not rewrite what it forwards (a padded
+    ``"name: value"`` keeps its space).  Repeated names are kept in order; per spec the first
+    occurrence wins (:meth:`Frame.get`).  In 1.1 and 1.2 names and values are escaped
+    (``\\n`` ``\\c`` ``\\\\``, plus ``\\r`` in 1.2); an undefined escape is fatal.  1.0 has no
+    escaping, and CONNECT, STOMP and CONNECTED frames are never escaped in any version.  A NUL
+    octet inside the header block is an error (it would end the frame for most peers).
+
+Body
+    With a ``content-length`` header (its first occurrence) exactly that many octets, which must
+    be followed by NUL; without one, everything up to the first NUL.
+
+Every malformed or over-limit input raises :class:`FrameError`, and limits are enforced while the
+data arrives (a peer that streams an endless header line or a body without NUL is stopped as soon
+as the frame can no longer fit in :class:`FrameLimits`).  The decoder works on whole buffers with
+``bytes.find`` / one compiled search per frame and keeps an incomplete frame in a bytearray with
+a resume point, so a large frame arriving in many small reads costs linear time.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Final
+
+from mqguard.errors import MqguardError
+
+__all__ = [
+    "CLIENT_COMMANDS",
+    "HEARTBEAT",
+    "SERVER_COMMANDS",
+    "STOMP_VERSIONS",
+    "Frame",
+    "FrameDecoder",
+    "FrameError",
+    "FrameLimits",
+    "encode",
+    "encode_heartbeat",
+]
+
+STOMP_VERSIONS: Final = ("1.0", "1.1", "1.2")
+CLIENT_COMMANDS: Final[frozenset[str]] = frozenset(
+    {"CONNECT", "STOMP", "SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "COMMIT",
+     "ABORT", "DISCONNECT"}
+)
+SERVER_COMMANDS: Final[frozenset[str]] = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
+_ALL_COMMANDS: Final = CLIENT_COMMANDS | SERVER_COMMANDS
+
+# Frames whose headers are never escaped (backward compatibility with 1.0, all specs).
+_UNESCAPED_COMMANDS: Final = frozenset({"CONNECT", "STOMP", "CONNECTED"})
+
+_UNESCAPE_11: Final = {"n": "\n", "c": ":", "\\": "\\"}
+_UNESCAPE_12: Final = {**_UNESCAPE_11, "r": "\r"}
+
+# End of the header block: the first blank line (LF or CRLF). A regex finds the earliest of
+# both forms in one pass, whatever EOL style the peer uses (two finds could scan far ahead).
+_HEAD_END: Final = re.compile(rb"\n\r?\n")
+
+# Decoder states for an incomplete frame held in the buffer.
+_HEAD: Final = 0  # the blank line after the headers has not arrived yet
+_BODY_LEN: Final = 1  # content-length known; waiting for ``_need`` bytes in total
+_BODY_NUL: Final = 2  # no content-length; waiting for the NUL (searched up to ``_scan``)
+
+
+class _Heartbeat(enum.Enum):
+    HEARTBEAT = "HEARTBEAT"
+
+    def __repr__(self) -> str:
+        return "HEARTBEAT"
+
+
+HEARTBEAT: Final = _Heartbeat.HEARTBEAT
+"""Returned by :meth:`FrameDecoder.feed` for each EOL (``\\n`` or ``\\r\\n``) between frames."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameLimits:
+    """Per-connection bounds on what a peer may send (all in octets of the encoded frame)."""
+
+    max_frame_bytes: int = 16 * 1024 * 1024  # whole frame, command line to NUL inclusive
+    max_header_count: int = 128
+    max_header_line_bytes: int = 8192  # one "name:value" line, encoded, without its EOL
+    max_command_bytes: int = 32  # the command line, without its EOL
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_bytes", "max_header_count", "max_header_line_bytes",
+                     "max_command_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"FrameLimits.{name} must be a positive int, got {value!r}")
+
+    @property
+    def max_head_bytes(self) -> int:
+        """Largest possible command line + header lines + blank line, EOLs as CRLF."""
+        lines = self.max_header_count * (self.max_header_line_bytes + 2)
+        head = self.max_command_bytes + 2 + lines + 2
+        return min(head, self.max_frame_bytes)
+
+
+_DEFAULT_LIMITS: Final = FrameLimits()
+
+
+class FrameError(MqguardError):
+    """Malformed or over-limit input.
+
+    ``reason`` is a short constant text, safe for an ERROR frame's ``message`` header (it never
+    contains peer data); ``detail`` says more (it may quote the offending input, shortened).
+    When raised by :meth:`FrameDecoder.feed`, ``frames`` holds what that call had completed
+    before the error (frames and HEARTBEATs), so a proxy may still forward them.
+    """
+
+    def __init__(self, reason: str, *, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+        self.frames: list[Frame | object] = []
+
+
+@dataclass(slots=True)
+class Frame:
+    """One STOMP frame. ``headers`` keeps wire order; a name may repeat (first one wins)."""
+
+    command: str
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        """Value of the first header called ``name`` (the spec's rule for repeats)."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return default
+
+    def set(self, name: str, value: str) -> None:
+        """Replace the first ``name`` in place and drop its repeats; append if absent."""
+        kept: list[tuple[str, str]] = []
+        found = False
+        for item in self.headers:
+            if item[0] != name:
+                kept.append(item)
+            elif not found:
+                kept.append((name, value))
+                found = True
+        if not found:
+            kept.append((name, value))
+        self.headers[:] = kept
+
+    def remove(self, name: str) -> None:
+        """Remove every header called ``name``."""
+        self.headers[:] = [item for item in self.headers if item[0] != name]
+
+    def header_dict(self) -> dict[str, str]:
+        """Headers as a dict, first occurrence of each name winning, wire order kept."""
+        result: dict[str, str] = {}
+        for key, value in self.headers:
+            if key not in result:
+                result[key] = value
+        return result
+
+
+def _check_version(version: str) -> None:
+    if version not in STOMP_VERSIONS:
+        raise ValueError(f"unknown STOMP version {version!r}; expected one of {STOMP_VERSIONS}")
+
+
+def _is_command_name(command: str) -> bool:
+    return command.isascii() and command.isalpha() and command.isupper()
+
+
+def _short(data: str | bytes, limit: int = 40) -> str:
+    return repr(data[:limit]) + ("..." if len(data) > limit else "")
+
+
+def _unescape(text: str, version: str) -> str:
+    """Undo STOMP 1.1 / 1.2 header escaping; an undefined escape is a FrameError."""
+    slashes = text.count("\\")
+    if not slashes:
+        return text
+    if "\\\\" not in text:
+        # No escaped backslash, so every backslash starts its own two-character escape and the
+        # escapes cannot overlap: counting and replacing them in C is exact.
+        found = text.count("\\n") + text.count("\\c")
+        if version == "1.2":
+            found += text.count("\\r")
+        if found == slashes:
+            text = text.replace("\\n", "\n").replace("\\c", ":")
+            return text.replace("\\r", "\r") if version == "1.2" else text
+    table = _UNESCAPE_12 if version == "1.2" else _UNESCAPE_11
+    parts: list[str] = []
+    start = 0
+    while True:
+        slash = text.find("\\", start)
+        if slash < 0:
+            parts.append(text[start:])
+            return "".join(parts)
+        parts.append(text[start:slash])
+        replacement = table.get(text[slash + 1:slash + 2])
+        if replacement is None:
+            raise FrameError("bad header escape", detail=_short(text[slash:slash + 2]))
+        parts.append(replacement)
+        start = slash + 2
+
+
+def _escape(text: str, version: str) -> str:
+    if "\\" in text:
+        text = text.replace("\\", "\\\\")
+    if "\n" in text:
+        text = text.replace("\n", "\\n")
+    if ":" in text:
+        text = text.replace(":", "\\c")
+    if version == "1.2" and "\r" in text:
+        text = text.replace("\r", "\\r")
+    return text
+
+
+def _nul_in_headers() -> FrameError:
+    return FrameError("NUL in headers", detail="the frame ended before the blank line")
+
+
+def _parse_content_length(value: str) -> int:
+    if len(value) < 10 and value.isdigit() and value.isascii():
+        return int(value)
+    if not (value.isascii() and value.isdigit()):
+        raise FrameError("invalid content-length", detail=_short(value))
+    if len(value.lstrip("0")) > 18:  # beyond any limit; also keeps int() far from its digit cap
+        raise FrameError("content-length too large", detail=_short(value))
+    return int(value)
+
+
+class FrameDecoder:
+    """Incremental decoder for one direction of one connection.
+
+    :meth:`feed` returns the frames (and :data:`HEARTBEAT` sentinels) completed by the data, in
+    order, and buffers the rest.  ``version`` governs header unescaping and may be changed at
+    any time (the proxy sets it once CONNECTED has negotiated); it applies to frames completed
+    by later :meth:`feed` calls.  After a :class:`FrameError` the decoder is poisoned: every
+    further :meth:`feed` raises :class:`FrameError` with the same ``reason``.
+    """
+
+    __slots__ = ("_accepted", "_buf", "_commands", "_error", "_limits", "_max_head", "_need", "_nl",
+                 "_scan", "_state", "_version")
+
+    def __init__(
+        self,
+        *,
+        limits: FrameLimits = _DEFAULT_LIMITS,
+        commands: frozenset[str] = _ALL_COMMANDS,
+        version: str = "1.2",
+    ) -> None:
+        bad = sorted(c for c in commands if not (isinstance(c, str) and _is_command_name(c)))
+        if bad:
+            raise ValueError(f"commands must be ASCII uppercase words, got {bad!r}")
+        self._limits = limits
+        self._max_head = limits.max_head_bytes
+        self._commands = frozenset(commands)
+        self._accepted = frozenset(c for c in commands if len(c) <= limits.max_command_bytes)
+        self._version = "1.2"
+        self.version = version
+        self._buf = bytearray()  # incomplete frame (from its first command octet), if any
+        self._state = _HEAD
+        self._scan = 0  # _HEAD: terminator searched up to here; _BODY_NUL: NUL searched up to here
+        self._nl = 0  # _HEAD: LFs seen in _buf[:_scan]
+        self._need = 0  # _BODY_LEN: total bytes of the frame
+        self._error: FrameError | None = None
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @version.setter
+    def version(self, version: str) -> None:
+        _check_version(version)
+        self._version = version
+
+    @property
+    def limits(self) -> FrameLimits:
+        return self._limits
+
+    @property
+    def buffered(self) -> int:
+        """Octets held of an incomplete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Frame | object]:
+        """Frames and HEARTBEATs completed by ``data``, in order; the rest stays buffered."""
+        if self._error is not None:
+            raise FrameError(self._error.reason,
+                             detail="the decoder failed earlier; close the connection")
+        out: list[Frame | object] = []
+        try:
+            self._feed(data if type(data) is bytes else bytes(data), out)
+        except FrameError as exc:
+            self._error = exc
+            self._buf = bytearray()
+            exc.frames = out
+            raise
+        return out
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _feed(self, data: bytes, out: list[Frame | object]) -> None:
+        buf = self._buf
+        if buf:
+            buf += data
+            if not self._may_complete():
+                return
+            data = bytes(buf)
+            self._buf = bytearray()
+        elif not data:
+            return
+        self._parse(data, out)
+
+    def _may_complete(self) -> bool:
+        """False if the buffered incomplete frame certainly is still incomplete (limits checked)."""
+        buf = self._buf
+        n = len(buf)
+        if self._state == _BODY_LEN:
+            return n >= self._need
+        if self._state == _BODY_NUL:
+            stop = self._limits.max_frame_bytes  # the NUL must be at an index below this
+            if buf.find(b"\0", self._scan, stop) >= 0:
+                return True
+            if n >= stop:
+                raise FrameError("frame too large", detail="no NUL within max_frame_bytes")
+            self._scan = n
+            return False
+        first = buf[0]
+        if first == 10 or (first == 13 and (n == 1 or buf[1] == 10)):
+            return True  # a heart-beat (or half of one) leads: let the parser take it
+        if _HEAD_END.search(buf, max(0, self._scan - 2), min(n, self._max_head)) is not None:
+            return True
+        self._check_partial_head(buf, 0, self._scan, n)
+        self._scan = n
+        return False
+
+    def _check_partial_head(self, buf: bytes | bytearray, start: int, scan: int, n: int) -> None:
+        """Limits on a frame whose header block is unterminated in ``buf[start:n]``.
+
+        ``buf[start:scan]`` was checked before (``self._nl`` counts its LFs), so a head that
+        trickles in is checked in linear time.  The same checks run whether the head came in one
+        piece or many, so the outcome does not depend on how the input was split.
+        """
+        limits = self._limits
+        seen = self._nl
+        self._nl = seen + buf.count(b"\n", scan, n)
+        if self._nl == 0:  # still on the command line
+            line = buf[start:n]
+            if b"\0" in line:  # the frame ended on its command line
+                error = self._command_error(line.decode("latin-1"))
+                raise error or _nul_in_headers()
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if len(line) > limits.max_command_bytes:
+                raise FrameError("command too long", detail=_short(bytes(line)))
+            if not (line.isalpha() and line.isupper()):
+                raise FrameError("bad command", detail=_short(bytes(line)))
+        else:
+            if seen == 0:
+                first = buf.find(b"\n", start, n)
+                self._check_command_line(bytes(buf[start:first]))
+                lines_from = first + 1
+            else:  # from the start of the line that was incomplete at ``scan``
+                lines_from = buf.rfind(b"\n", start, scan) + 1
+            if self._nl - 1 > limits.max_header_count:
+                raise FrameError("too many headers", detail=f"more than {limits.max_header_count}")
+            max_line = limits.max_header_line_bytes
+            lines = buf[lines_from:n].split(b"\n")  # the last one is incomplete
+            if max(map(len, lines)) > max_line and (
+                len(lines[-1]) > max_line + 1  # + 1: it may end with the CR of a CRLF
+                or any(len(line) - line.endswith(b"\r") > max_line for line in lines[:-1])
+            ):
+                raise FrameError("header line too long", detail=f"more than {max_line} bytes")
+        if buf.find(b"\0", scan, n) >= 0:
+            raise _nul_in_headers()
+        if n - start >= self._max_head:
+            raise FrameError("headers too large",
+                             detail=f"no blank line within {self._max_head} bytes")
+
+    def _check_command_line(self, line: bytes) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        error = self._command_error(line.decode("latin-1"))
+        if error is not None:
+            raise error
+
+    def _command_error(self, command: str) -> FrameError | None:
+        """The FrameError that ``command`` deserves, or None if it is acceptable."""
+        nul = command.find("\0")
+        if nul >= 0:
+            if command[:nul] in self._accepted:
+                return _nul_in_headers()
+            command = command[:nul]
+        if len(command.encode("utf-8", "surrogatepass")) > self._limits.max_command_bytes:
+            return FrameError("command too long", detail=_short(command))
+        if not _is_command_name(command):
+            return FrameError("bad command", detail=_short(command))
+        if command not in self._commands:
+            return FrameError("unknown command", detail=command)
+        return None
+
+    def _stash(self, buf: bytes, start: int, state: int) -> None:
+        self._buf = bytearray(memoryview(buf)[start:])
+        self._state = state
+
+    def _parse(self, buf: bytes, out: list[Frame | object]) -> None:
+        limits = self._limits
+        max_frame = limits.max_frame_bytes
+        max_head = self._max_head
+        search = _HEAD_END.search
+        append = out.append
+        n = len(buf)
+        pos = 0
+        while pos < n:
+            octet = buf[pos]
+            if octet == 10:
+                append(HEARTBEAT)
+                pos += 1
+                continue
+            if octet == 13:
+                if pos + 1 == n:
+                    break  # maybe the first half of a CRLF heart-beat
+                if buf[pos + 1] == 10:
+                    append(HEARTBEAT)
+                    pos += 2
+                    continue
+            start = pos
+            match = search(buf, start, min(n, start + max_head))
+            if match is None:
+                self._nl = 0
+                self._check_partial_head(buf, start, start, n)
+                self._stash(buf, start, _HEAD)
+                self._scan = n - start
+                return
+            head_end = match.start()  # > start: buf[start] is no LF
+            body_start = match.end()
+            if buf[head_end - 1] == 13:
+                head_end -= 1
+            command, headers, length = self._parse_head(buf[start:head_end])
+            if length is None:
+                stop = start + max_frame
+                nul = buf.find(b"\0", start, stop)  # from start: also catches a NUL in the head
+                if nul < body_start:
+                    if nul >= 0:
+                        raise _nul_in_headers()
+                    if n >= stop:
+                        raise FrameError("frame too large", detail="no NUL within max_frame_bytes")
+                    self._stash(buf, start, _BODY_NUL)
+                    self._scan = n - start
+                    return
+                body = buf[body_start:nul]
+                pos = nul + 1
+            else:
+                if buf.find(b"\0", start, head_end) >= 0:
+                    raise _nul_in_headers()
+                end = body_start + length
+                if end + 1 - start > max_frame:
+                    raise FrameError("frame too large", detail=f"content-length {length}")
+                if end >= n:
+                    self._stash(buf, start, _BODY_LEN)
+                    self._need = end + 1 - start
+                    return
+                if buf[end] != 0:
+                    raise FrameError("missing NUL after body", detail=f"content-length {length}")
+                body = buf[body_start:end]
+                pos = end + 1
+            append(Frame(command, headers, body))
+        if pos < n:
+            self._stash(buf, pos, _HEAD)
+            self._scan = 0
+            self._nl = 0
+
+    def _parse_head(self, raw: bytes) -> tuple[str, list[tuple[str, str]], int | None]:
+        """Command and headers from the header block (without its final EOL)."""
+        limits = self._limits
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FrameError("invalid UTF-8 in headers", detail=str(exc)) from None
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+        command, _, rest = text.partition("\n")
+        if command not in self._accepted:
+            raise self._command_error(command) or FrameError("bad command")
+        if not rest:
+            return command, [], None
+        lines = rest.split("\n")
+        if len(lines) > limits.max_header_count:
+            raise FrameError("too many headers", detail=f"more than {limits.max_header_count}")
+        max_line = limits.max_header_line_bytes
+        if len(raw) > max_line:  # only then can a single line be too long
+            for raw_line in raw.split(b"\n")[1:]:
+                if len(raw_line) - raw_line.endswith(b"\r") > max_line:
+                    raise FrameError("header line too long", detail=f"more than {max_line} bytes")
+        # Split every line at its first colon in C; drop (and then report) lines without a colon
+        # or with an empty name.
+        headers = [(name, value)
+                   for name, colon, value in map(str.partition, lines, repeat(":"))
+                   if colon and name]
+        if len(headers) != len(lines):
+            for line in lines:
+                if ":" not in line:
+                    raise FrameError("header line without ':'", detail=_short(line))
+                if line.startswith(":"):
+                    raise FrameError("empty header name", detail=_short(line))
+        version = self._version
+        if "\\" in rest and version != "1.0" and command not in _UNESCAPED_COMMANDS:
+            headers = [(_unescape(name, version) if "\\" in name else name,
+                        _unescape(value, version) if "\\" in value else value)
+                       for name, value in headers]
+        length = None
+        at = text.find("\ncontent-length:")  # names hold no raw LF: this is the first one
+        if at >= 0:
+            at += 16
+            end = text.find("\n", at)
+            # An escape in the value cannot make (or unmake) a string of digits, so the raw
+            # value decides; its escapes were validated above.
+            length = _parse_content_length(text[at:end] if end >= 0 else text[at:])
+        return command, headers, length
+
+
+def encode_heartbeat() -> bytes:
+    """One heart-beat: a bare EOL."""
+    return b"\n"
+
+
+def encode(frame: Frame, version: str = "1.2") -> bytes:
+    """The wire form of ``frame`` for a connection speaking STOMP ``version``.
+
+    Headers are escaped as ``version`` requires (never for CONNECT, STOMP, CONNECTED).  The first
+    ``content-length`` header is set to the body's true length and any repeat of it is dropped
+    (two disagreeing lengths are a request-smuggling hazard); one is added when the body holds a
+    NUL and none was given.  A header that this version cannot carry (for example a newline in a
+    1.0 value, a colon in an unescaped name, a NUL anywhere, a value ending in CR where CR is not
+    escaped) raises :class:`FrameError` instead of producing a corrupt frame.  EOL is ``"\\n"``.
+    """
+    _check_version(version)
+    command = frame.command
+    if not _is_command_name(command):
+        raise FrameError("bad command", detail=_short(command))
+    body = frame.body if type(frame.body) is bytes else bytes(frame.body)
+    escaped = version != "1.0" and command not in _UNESCAPED_COMMANDS
+    lines = [command]
+    has_length = False
+    for name, value in frame.headers:
+        if name == "content-length":
+            if has_length:
+                continue
+            has_length = True
+            value = str(len(body))
+        if not name:
+            raise FrameError("empty header name")
+        if "\0" in name or "\0" in value:
+            raise FrameError("NUL in header", detail=_short(name))
+        if escaped:
+            name = _escape(name, version)
+            value = _escape(value, version)
+        elif ":" in name or "\n" in name or "\n" in value:
+            raise FrameError("header not representable",
+                             detail=f"{_short(name)}: ':' or LF needs STOMP 1.1+ escaping")
+        if value.endswith("\r"):  # only reachable where CR is not escaped
+            raise FrameError("header not representable",
+                             detail=f"{_short(name)}: a trailing CR would be read as EOL")
+        lines.append(f"{name}:{value}")
+    if not has_length and b"\0" in body:
+        lines.append(f"content-length:{len(body)}")
+    lines.append("\n")
+    try:
+        head = "\n".join(lines).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FrameError("header not representable", detail=str(exc)) from None
+    return b"".join((head, body, b"\0"))
