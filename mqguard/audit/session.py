@@ -1,0 +1,120 @@
+"""The SparkSession the audit runs in.
+
+``local[*]`` is the default because most event logs fit one machine, and a
+local session needs no cluster; ``--master`` takes any Spark master URL when they
+do not. The local defaults suit a small machine (2 cores is the reference):
+
+- few shuffle partitions (2 per core; adaptive execution coalesces further):
+  Spark's default of 200 would make a small audit mostly task overhead;
+- no web UI and no console progress bar: the CLI reports progress itself;
+- log level WARN, and the JVM's own output sent to a log file (``spark.log`` in
+  the output directory) instead of the terminal, so ``--json`` and ``--quiet``
+  stay clean;
+- the driver bound to loopback, so a host name that resolves oddly costs neither
+  a warning nor a DNS timeout;
+- UTC as the session time zone, so times in the report do not depend on the
+  machine that ran it.
+
+On a cluster only the settings that do not depend on the machine are applied;
+everything else comes from the cluster's defaults or ``--conf``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping
+
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+APP_NAME = "mqguard-audit"
+
+
+def is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+def local_cores(master: str) -> int:
+    """Cores a ``local[N]`` / ``local[*]`` master uses."""
+    inside = master[len("local["):-1] if master.startswith("local[") else "1"
+    if inside.startswith("*") or not inside.split(",")[0].isdigit():
+        return os.cpu_count() or 1
+    return max(1, int(inside.split(",")[0]))
+
+
+def session_conf(master: str = DEFAULT_MASTER, *, shuffle_partitions: int | None = None,
+                 driver_memory: str | None = "2g",
+                 extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The configuration :func:`build_session` applies (exposed for tests and docs)."""
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "WARN",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.adaptive.enabled": "true",
+    }
+    if is_local(master):
+        conf.update({
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.sql.shuffle.partitions": str(shuffle_partitions
+                                                or max(2, 2 * local_cores(master))),
+        })
+        if driver_memory:
+            conf["spark.driver.memory"] = driver_memory
+    elif shuffle_partitions:
+        conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    conf.update(extra or {})
+    return conf
+
+
+@contextlib.contextmanager
+def _output_to(log_path: str | None) -> Iterator[None]:
+    """Point this process's stdout/stderr at ``log_path`` while the JVM is launched.
+
+    The JVM inherits the file descriptors and keeps them, so its start-up chatter
+    and later log lines go to the file; Python's own streams are restored at once.
+    """
+    if log_path is None or SparkContext._gateway is not None:  # JVM already running
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    target = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (target, *saved):
+            os.close(fd)
+
+
+def build_session(master: str = DEFAULT_MASTER, *, shuffle_partitions: int | None = None,
+                  driver_memory: str | None = "2g", conf: Mapping[str, str] | None = None,
+                  log_path: str | None = None, app_name: str = APP_NAME) -> SparkSession:
+    """Start (or join) the SparkSession for an audit.
+
+    ``log_path``: where the JVM's output goes (None: inherit the terminal). Static
+    settings such as the driver memory only take effect when this call starts
+    the JVM; a session already running in the process is reused as it is.
+    """
+    settings = session_conf(master, shuffle_partitions=shuffle_partitions,
+                            driver_memory=driver_memory, extra=conf)
+    if is_local(master):
+        # Read by Spark's launcher scripts before any conf: avoids the "hostname
+        # resolves to a loopback address" lookup and warning.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    with _output_to(log_path):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
