@@ -43,11 +43,14 @@ class Cluster:
     """Event logs of a producer node and consumer nodes sharing one directory."""
 
     def __init__(self, directory: Path, monkeypatch: pytest.MonkeyPatch, *,
-                 max_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_bytes: int = 64 * 1024 * 1024, flush_each: bool = False) -> None:
         self.clock = FakeClock()
         monkeypatch.setattr(mqguard.events, "time", self.clock)
         self.directory = directory
         self.max_bytes = max_bytes
+        #: Write every event at once (the writer batches otherwise, and a file only
+        #: rotates between batches).
+        self.flush_each = flush_each
         self.logs: dict[str, EventLog] = {}
         self._copies = itertools.count(1)
         self._sequence = itertools.count(1)
@@ -61,7 +64,10 @@ class Cluster:
     def emit(self, node: str, event: str, message: Message | None = None,
              **fields: Any) -> None:
         self.clock.advance(1)
-        self.log(node).emit(event, message, **fields)
+        log = self.log(node)
+        log.emit(event, message, **fields)
+        if self.flush_each:
+            log.flush()
 
     def close(self) -> None:
         for log in self.logs.values():
