@@ -6,7 +6,7 @@
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 python="${PYTHON:-python3}"
-extras="${MQGUARD_EXTRAS:-test}"
+extras="${MQGUARD_EXTRAS:-test,spark}"
 "$python" -m pip install --disable-pip-version-check -q -e "${repo_root}[${extras}]"
 bash "${repo_root}/deploy/local/install.sh"
 bash "${repo_root}/deploy/local/node-setup.sh"
