@@ -9,6 +9,7 @@ import sys
 import click
 
 from mqguard import __version__
+from mqguard.cli.audit import audit
 from mqguard.cli.bench import bench
 from mqguard.cli.config_cmd import config
 from mqguard.cli.dedup import dedup
@@ -34,6 +35,7 @@ def main(verbose: int) -> None:
 
 
 main.add_command(demo)
+main.add_command(audit)
 main.add_command(bench)
 main.add_command(config)
 main.add_command(dedup)
