@@ -369,8 +369,7 @@ class ProxySession:
                 await self._drain(self._client_writer)
         except FrameError as exc:
             self.metrics.protocol_errors.labels("broker").inc()
-            log.warning("session %s: malformed frame from the broker: %s", self.label,
-                        exc.reason)
+            log.warning("session %s: malformed frame from the broker: %s", self.label, exc)
             return f"broker sent a malformed frame: {exc.reason}"
         except (ConnectionError, OSError):
             pass
@@ -431,6 +430,11 @@ class ProxySession:
         self._send_error(exc.reason, detail=str(exc)[:500])
 
     def _send_error(self, message: str, *, receipt: str | None = None, detail: str = "") -> None:
+        if self._ending:
+            # One ERROR per connection: the client already got (or has queued) its last
+            # frame, e.g. the broker's ERROR, while the client pump hit a problem of its own
+            # (fuzz: a relayed broker ERROR followed by the sidecar's "incomplete frame").
+            return
         headers = [("message", message[:200]), ("content-type", "text/plain")]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
@@ -728,6 +732,7 @@ class ProxySession:
                     frame.set("receipt-id", client_receipt)
             self._write_client(frame)
             self._client_done = True
+            self._ending = True  # the broker's ERROR is the client's last frame
             return True
         else:  # a second CONNECTED
             self._send_error("the broker sent an unexpected frame", detail=command)
