@@ -34,6 +34,7 @@ import itertools
 import logging
 import socket
 import ssl
+import struct
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -191,8 +192,12 @@ class ProxySession:
                 continue
             with contextlib.suppress(Exception):
                 writer.close()
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(writer.wait_closed(), 2.0)
+            except TimeoutError:
+                _reset(writer)
+            except Exception:
+                log.debug("session %s: closing a connection", self.label, exc_info=True)
 
     # -- connecting ----------------------------------------------------------------------
 
@@ -831,6 +836,22 @@ class _FrameSource:
                 self._ready.extend(_without_padding(exc.frames))
                 self._error = exc
         return self._ready.popleft()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Drop a connection whose peer stopped reading, with an RST.
+
+    ``close()`` waits for the write buffer to flush, forever if the peer never reads: the
+    socket and megabytes of frames for it outlived the session, uncounted by
+    max-connections. A plain ``abort()`` still leaves an orphaned kernel socket in FIN-WAIT-1
+    holding the unsent data for as long as the peer keeps its window shut; with SO_LINGER 0
+    the kernel discards it and resets the connection at once.
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 def _quick_ack(writer: asyncio.StreamWriter) -> Callable[[], None] | None:
