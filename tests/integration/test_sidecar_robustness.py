@@ -9,7 +9,8 @@ going away (a cut through a :class:`FaultProxy`, and a real ActiveMQ restart) en
 every session on it with an ERROR; persistent messages confirmed before survive.
 
 The fuzz seed is printed (``-s`` shows it, and every failure message names it);
-``MQGUARD_FUZZ_SEED=<n>`` replays a run.
+``MQGUARD_FUZZ_SEED=<n>`` replays a run, ``MQGUARD_FUZZ_SEED=random`` explores new
+seeds; the default is a fixed seed, so CI stays reproducible.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ BROKERS = [
 MAX_FRAME = 64 * 1024
 MAX_HEADERS = 16
 MAX_LINE = 1024
+
+#: The fuzz seed CI uses (see the module docstring).
+DEFAULT_FUZZ_SEED = 20261121
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
@@ -826,7 +830,10 @@ def fuzz_connection(raw: RawClient, case: FuzzCase) -> str | None:
 def test_fuzz_random_and_mutated_frames(proxy: SidecarThread, healthy: HealthyClient,
                                         sidecar_log: pytest.LogCaptureFixture,
                                         unique_name: str) -> None:
-    seed = int(os.environ.get("MQGUARD_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+    # A fixed seed by default, so CI is reproducible and a red run means this change;
+    # MQGUARD_FUZZ_SEED=random explores (the seed is printed), =<n> replays.
+    chosen = os.environ.get("MQGUARD_FUZZ_SEED") or str(DEFAULT_FUZZ_SEED)
+    seed = random.SystemRandom().randrange(2**32) if chosen == "random" else int(chosen)
     print(f"fuzz seed {seed} (replay: MQGUARD_FUZZ_SEED={seed})")
     cases = fuzz_cases(random.Random(seed), f"/queue/{unique_name}-fuzz")
     with ThreadPoolExecutor(FUZZ_WORKERS) as pool:
