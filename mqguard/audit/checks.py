@@ -189,6 +189,7 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
     terminal = _types(*TERMINAL)
     sent = _is(E.SENT)
     event = F.col("pos") == 0
+    readable = event & F.col("type").isNotNull()  # times of unreadable lines mean nothing
     return rows.groupBy("key").agg(
         F.max("is_message").alias("is_message"),
         F.coalesce(F.max(F.when(sent, F.col("address"))),
@@ -205,8 +206,8 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
                    | (_is(E.MOVED) & F.col("queue").isNotNull())).alias("deliver_path"),
         F.count_if(delivered).alias("delivered"),
         F.min(F.when(terminal, F.col("ts"))).alias("terminal_ts"),
-        F.min(F.when(event, F.col("ts"))).alias("first_ts"),
-        F.max(F.when(event, F.col("ts"))).alias("last_ts"),
+        F.min(F.when(readable, F.col("ts"))).alias("first_ts"),
+        F.max(F.when(readable, F.col("ts"))).alias("last_ts"),
         F.max(F.when(_is(E.REDELIVERY_SCHEDULED),
                      F.col("ts") + F.coalesce(F.col("delay_ms"), F.lit(0)))
               ).alias("redelivery_due"),

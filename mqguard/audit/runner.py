@@ -31,7 +31,7 @@ from mqguard.audit.summary import (
     write_findings,
     write_summary,
 )
-from mqguard.config import MqguardConfig
+from mqguard.config import MqguardConfig, parse_config
 
 DEFAULT_GRACE_MS = 5000
 DEFAULT_OUT = "mqguard-audit"
@@ -43,7 +43,7 @@ class AuditOptions:
 
     inputs: Sequence[str]
     out: str = DEFAULT_OUT
-    config: MqguardConfig = field(default_factory=MqguardConfig)
+    config: MqguardConfig = field(default_factory=lambda: parse_config({}, "<defaults>"))
     #: Epoch ms; messages sent after it are not judged. None: last event - grace.
     watermark: int | None = None
     grace_ms: int = DEFAULT_GRACE_MS

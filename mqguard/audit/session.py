@@ -54,7 +54,6 @@ def session_conf(master: str = DEFAULT_MASTER, *, shuffle_partitions: int | None
         "spark.ui.showConsoleProgress": "false",
         "spark.log.level": "WARN",
         "spark.sql.session.timeZone": "UTC",
-        "spark.sql.adaptive.enabled": "true",
     }
     if is_local(master):
         conf.update({

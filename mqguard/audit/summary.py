@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -72,7 +73,17 @@ def build_summary(*, files: Sequence[str], stats: Sequence[Mapping[str, Any]],
                   classes: Mapping[str, Mapping[str, Any]], watermark: int,
                   watermark_source: str, out: str, settings: Mapping[str, Any],
                   seconds: Mapping[str, float]) -> dict[str, Any]:
-    """The JSON summary (documented in docs/audit.md)."""
+    """The JSON summary.
+
+    ``ok`` / ``anomalies``: the verdict; ``files``, ``events`` (lines read, unreadable
+    ones included), ``bad_lines``, ``unsupported_events`` (another schema version:
+    left out of the checks), ``messages``; ``first_ts`` / ``last_ts`` / ``watermark``
+    in epoch ms (``watermark_time``: the same in ISO 8601, UTC); ``classes``: per
+    class ``anomaly``, ``description``, ``count`` and ``by_address`` (``count`` and
+    the first ``examples`` by time); ``addresses``:
+    per address ``messages``, ``sent`` (accepted), ``deliveries``, ``with_fate``;
+    ``settings`` the audit ran with; ``out``; ``seconds``.
+    """
     messages = [s for s in stats if s["messages"]]
 
     def total(field: str) -> int:
@@ -93,6 +104,7 @@ def build_summary(*, files: Sequence[str], stats: Sequence[Mapping[str, Any]],
         "first_ts": min(first, default=None),
         "last_ts": max(last, default=None),
         "watermark": watermark,
+        "watermark_time": _iso(watermark),
         "watermark_source": watermark_source,
         "classes": dict(classes),
         "addresses": {
@@ -103,6 +115,11 @@ def build_summary(*, files: Sequence[str], stats: Sequence[Mapping[str, Any]],
         "out": out,
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
+
+
+def _iso(epoch_ms: int) -> str:
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def write_summary(summary: Mapping[str, Any], out: str) -> str:
@@ -126,7 +143,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     for name, entry in summary["classes"].items():
         if not entry["count"]:
             continue
-        examples = [e for a in entry["by_address"].values() for e in a["examples"]][:3]
+        examples = [e for a in entry["by_address"].values() for e in a["examples"]][:2]
         table.add_row(name, "anomaly" if entry["anomaly"] else "info", f"{entry['count']:,}",
                       str(len(entry["by_address"])), ", ".join(examples))
     if table.row_count:
@@ -136,5 +153,5 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     console.print(
         f"{summary['events']:,} events ({summary['bad_lines']:,} unreadable) in "
         f"{summary['files']} file(s), {summary['messages']:,} messages, watermark "
-        f"{summary['watermark']} ({summary['watermark_source']}): {verdict}. "
+        f"{summary['watermark_time']} ({summary['watermark_source']}): {verdict}. "
         f"Details: {summary['out']}")

@@ -121,8 +121,12 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
     default: the configured [mqguard.event-log] directory. Runs PySpark
     (pip install 'mqguard[spark]'), local[*] unless --master says otherwise.
 
+    Anomalies: lost, unexpected, duplicated, over_delivered, early_dead_letter,
+    dead_letter_not_moved, expiry_not_moved, late_delivery. Reported, not
+    errors: unseen, recovered, indeterminate, unguarded.
+
     Exit status: 0 no anomalies, 1 anomalies found, 2 usage error, 3 the audit
-    could not run. See docs/audit.md for the classes.
+    could not run.
     """
     if as_json and quiet:
         raise click.UsageError("--json and --quiet exclude each other")
