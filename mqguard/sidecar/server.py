@@ -131,7 +131,8 @@ class Sidecar:
         self._start_reaper()
         log.info("sidecar listening on %s:%d%s, upstream %s%s", host, self.port,
                  " (TLS)" if self.tls else "", self.upstream.where,
-                 f", admin on {self.admin_on[0]}:{self.admin_port}" if self._admin else "")
+                 f", admin on {self.admin_on[0]}:{self.admin_port}"
+                 if self._admin and self.admin_on else "")
 
     async def stop(self) -> None:
         """Graceful: stop accepting, let every session drain (bounded), then release all."""

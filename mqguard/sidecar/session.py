@@ -565,16 +565,16 @@ class ProxySession:
         # The client's own expiration: STOMP/ActiveMQ ``expires`` (absolute epoch ms) or
         # RabbitMQ's ``expiration`` (relative ms). It is re-encoded for the broker.
         expires = headers.get("expires")
-        if expires is not None and (value := parse_wire_int(expires)) is not None:
+        if expires is not None and (absolute := parse_wire_int(expires)) is not None:
             message.headers.pop("expires", None)
-            if value > 0 and not message.expiration:
-                message.expiration = value
+            if absolute > 0 and not message.expiration:
+                message.expiration = absolute
         expiration = headers.get("expiration")
         if (self.broker == "rabbitmq" and expiration is not None
-                and (value := parse_wire_int(expiration)) is not None):
+                and (relative := parse_wire_int(expiration)) is not None):
             message.headers.pop("expiration", None)
             if not message.expiration:
-                message.expiration = now_ms() + value
+                message.expiration = now_ms() + relative
         return message
 
     def _on_subscribe(self, frame: Frame) -> None:
@@ -698,6 +698,7 @@ class ProxySession:
                     transaction.acks.append((sub, delivery, ctx))
                     self.leg.ack(delivery, transaction=tx_id)
                 else:
+                    assert tx_id is not None  # a transaction was found under it
                     self._write_broker(Frame("NACK", [
                         *ack_headers(self.version, each, sub.id), ("transaction", tx_id)]))
                     self.leg.forget(each)
@@ -729,9 +730,9 @@ class ProxySession:
             if not self._ending:
                 self._write_client(frame)
         elif command == "ERROR":
-            receipt_id = frame.get("receipt-id")
-            if receipt_id is not None and self._chain.owns(receipt_id):
-                client_receipt = self._chain.client_receipt_of(receipt_id)
+            error_receipt = frame.get("receipt-id")
+            if error_receipt is not None and self._chain.owns(error_receipt):
+                client_receipt = self._chain.client_receipt_of(error_receipt)
                 frame.remove("receipt-id")
                 if client_receipt is not None:
                     frame.set("receipt-id", client_receipt)
