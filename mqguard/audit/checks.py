@@ -315,8 +315,10 @@ def classify(facts: DataFrame, context: DataFrame, watermark: int,
     per_message = F.array_compact(F.array(
         F.when(judged_send & ~in_flight, _finding(
             "lost", F.format_string(
-                "sent at %d; no acked, dead_lettered, expired or delivery_dropped event, and "
-                "a message sent later on %s has one", c("first_sent_ts"), c("address")),
+                "sent at %d; no acked, dead_lettered, expired or delivery_dropped event"
+                + ("" if options.assume_drained else
+                   ", though a message sent later on %s has one"),
+                c("first_sent_ts"), c("address")),
             ts=c("first_sent_ts"), deliveries=c("delivered"))),
         F.when(judged_send & in_flight, _finding(
             "unseen", F.concat(F.lit("no fate yet, in flight: "), unseen_why),
