@@ -11,6 +11,8 @@ from __future__ import annotations
 import click
 
 from mqguard.bench.report import environment, print_table, write_json
+from mqguard.errors import MqguardError
+from mqguard.reaper import MAX_BATCH
 from mqguard.servers.ensure import server_urls
 
 BROKERS = ("activemq", "rabbitmq", "mosquitto")
@@ -102,3 +104,84 @@ def dedup(redis_url: str | None, ids: int, batch: int, capacity: int, memory_ids
     write_json(json_path, {"benchmark": "dedup", "environment": environment(),
                            "parameters": {"ids": ids, "batch": batch, "capacity": capacity,
                                           "memory_ids": memory_ids}, **result})
+
+
+@bench.command("reap")
+@click.option("--broker", "brokers", multiple=True, type=click.Choice(BROKERS),
+              help="Broker(s) to measure (repeatable; default: all three).")
+@click.option("--activemq-url", help="stomp:// URL of an ActiveMQ to use instead of a local one.")
+@click.option("--rabbitmq-url", help="stomp:// URL of a RabbitMQ to use instead of a local one.")
+@click.option("--mosquitto-url", help="mqtt:// URL of a Mosquitto to use instead of a local one.")
+@click.option("-n", "--messages", type=click.IntRange(100, 10_000_000), default=100_000,
+              show_default=True, help="Messages at rest per queue.")
+@click.option("--expired-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=0.5, show_default=True,
+              help="Share of them already expired, spread evenly (0.5: every other one).")
+@click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=MAX_BATCH,
+              show_default=True, help="Reaper batch (messages moved per broker transaction).")
+# 8: every body starts with the message's 8-digit index.
+@click.option("--size", type=click.IntRange(8, 1_000_000), default=200,
+              show_default=True, help="Body size in bytes.")
+@click.option("--native-wait", type=click.FloatRange(0, 3600), default=35.0, show_default=True,
+              help="Seconds the brokers are left alone once messages are due, to see what "
+                   "they expire at rest (ActiveMQ's expiry task runs every 30 s by default).")
+@click.option("--idle-ms", type=click.IntRange(1, 600_000), default=None,
+              help="Reaper idle time: a scan ends when no message arrived for this long "
+                   "(default: the reaper's own, 300 ms).")
+@click.option("--reaper-timeout", type=click.FloatRange(1, 86_400), default=900.0,
+              show_default=True,
+              help="Seconds the reaper gets per queue; a scan still running then is cut off "
+                   "and the figures say how far it got.")
+@click.option("--timeout", type=click.FloatRange(1, 86_400), default=600.0, show_default=True,
+              help="Bound in seconds on every other wait (fill, drains, the broker's expiry).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write the results as JSON to this file.")
+def reap(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str | None,
+         mosquitto_url: str | None, messages: int, expired_fraction: float, batch: int,
+         size: int, native_wait: float, idle_ms: int | None, reaper_timeout: float,
+         timeout: float, json_path: str | None) -> None:
+    """Expiry reaper vs the broker's own expiry: N messages at rest, part already expired.
+
+    No Redis: the reaper keeps no shared state (the guard's MemoryStore is enough).
+    Exits 1, after writing the figures, when the reaper could not move every expired
+    message (the notes say why).
+    """
+    from mqguard.bench.reap import BenchError, run_case
+
+    brokers = brokers or BROKERS
+    given = {"activemq": activemq_url, "rabbitmq": rabbitmq_url, "mosquitto": mosquitto_url}
+    cases = []
+    with server_urls(brokers, given) as urls:
+        for broker in brokers:
+            try:
+                case = run_case(broker, urls[broker], messages=messages,
+                                expired_fraction=expired_fraction, size=size, batch=batch,
+                                native_wait=native_wait, idle_ms=idle_ms,
+                                reaper_timeout=reaper_timeout, timeout=timeout)
+            except (BenchError, MqguardError) as exc:
+                raise click.ClickException(f"{broker}: {exc}") from None
+            cases.append(case.to_json())
+            reaper = ("not applicable" if case.reaper_moved is None else
+                      f"moved {case.reaper_moved} of {case.expired} in {case.reaper_s:.2f} s")
+            click.echo(f"{broker}: reaper {reaper}; native {case.native_s:.2f} s", err=True)
+    # Short column names: the table has to fit an 80-column terminal.
+    print_table("mqguard bench reap (expired messages moved / gone per second)",
+                [{"broker": c["broker"], "expired": c["expired"], "moved": c["reaper_moved"],
+                  "reaper s": c["reaper_s"], "reaper/s": c["reaper_per_s"],
+                  "native s": c["native_s"], "native/s": c["native_per_s"]} for c in cases],
+                ["broker", "expired", "moved", "reaper s", "reaper/s", "native s", "native/s"])
+    for case_json in cases:
+        click.echo(f"{case_json['broker']}: {case_json['native_mechanism']}; "
+                   f"{case_json['notes']}")
+    write_json(json_path, {"benchmark": "reap", "environment": environment(),
+                           "parameters": {"messages": messages,
+                                          "expired_fraction": expired_fraction,
+                                          "batch": batch, "size": size,
+                                          "native_wait": native_wait, "idle_ms": idle_ms,
+                                          "reaper_timeout": reaper_timeout,
+                                          "timeout": timeout},
+                           "cases": cases})
+    incomplete = [c["broker"] for c in cases if c["reaper_complete"] is False]
+    if incomplete:
+        raise click.ClickException(f"the reaper did not move every expired message on "
+                                   f"{', '.join(incomplete)} (see the notes)")
