@@ -1,0 +1,431 @@
+"""``mqguard bench proxy``: a stomp.py client direct to the broker vs through the sidecar.
+
+Everything is measured in the same run, per broker, with one sidecar started for the
+whole case (default plugins, the chosen store, the event log in a temporary
+directory: what a deployment pays for). The client code is *identical* on both
+paths; only the URL it connects to differs (the broker's, or the sidecar's), so the
+difference is the sidecar's cost.
+
+Send throughput
+    ``n`` persistent messages of ``size`` bytes, each with a receipt and a unique
+    ``_AMQ_DUPL_ID`` (so duplicate detection does its full work in the sidecar; the
+    direct sends carry the same header), pipelined ``batch`` at a time: the client
+    waits for every receipt of a batch before sending the next one
+    (:func:`mqguard.bench.raw.stomp_produce`, the method of ``bench client``).
+    Timed from the first SEND to the last RECEIPT; connecting is not timed. The queue
+    is drained afterwards, untimed, with a direct consumer that also checks that all
+    ``n`` arrived.
+
+Consume throughput
+    Two fresh queues are filled with the same ``n`` messages *through the sidecar*
+    (untimed), so both carry the headers the sidecar stamps (message id, producer id
+    and sequence) and the broker hands out byte-identical frames on both paths; the
+    proxied consumer then pays the full delivery-side guard (duplicate-delivery
+    check, consumer audit, delivery counting). One is consumed direct, one through
+    the sidecar: ``client-individual`` subscription with ``prefetch`` unacked
+    messages in flight, one ACK per message; timed from SUBSCRIBE until the ``n``-th
+    MESSAGE arrived (:func:`mqguard.bench.raw.stomp_consume`).
+
+Latency
+    One connection subscribes (``client-individual``, receipt awaited) to a fresh
+    queue, then sends one persistent message at a time and waits for it to come back;
+    a sample is the time from calling ``send`` to the MESSAGE arriving in stomp.py's
+    listener (stamped there, before the hand-off to the sending thread); the message
+    is then acked. The first 100 exchanges of each round are not recorded. The client
+    sets TCP_NODELAY: stomp.py leaves Nagle on, and its ACK and next SEND, two small
+    writes, would make both paths measure Linux's 40 ms delayed-ack timer instead.
+    Samples of all rounds are pooled per path; ``added_p50_ms`` / ``added_p99_ms`` are
+    the proxied percentile minus the direct one (so the client's and the broker's own
+    latency cancel out).
+
+Rounds alternate which path goes first (direct/proxy, then proxy/direct, ...) so
+warm-up and drift favour neither; throughput figures are the median of the rounds
+and ``*_ratio = proxy / direct``. Before the first round, ``warmup`` messages are sent
+and consumed on both paths, untimed. Every round uses fresh unique queue names and
+leaves its queues empty.
+
+Where the sidecar runs: ``thread`` (the default) hosts it in the benchmark's own
+process (:class:`~mqguard.sidecar.server.SidecarThread`), so it shares the GIL with
+the stomp.py client's threads; ``process`` runs ``mqguard sidecar`` as a separate
+process, as it is deployed. On a machine with few cores both compete with the broker
+for CPU either way: read the figures with ``environment.cpus`` and the load averages
+recorded before and after the run in mind (a shared machine's other work shows up in
+the tail latencies first). ``sidecar_cpu_us`` is the sidecar's own CPU time per
+proxied message (send, consume) or exchange (latency), from ``/proc`` (Linux): it
+depends far less on what else the machine runs than rates and percentiles do, so it
+is the figure to compare when optimising the sidecar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import stomp
+
+from mqguard.bench import raw
+from mqguard.bench.report import median
+from mqguard.config import parse_config
+from mqguard.message import new_message_id
+
+SIDECAR_MODES = ("thread", "process")
+
+#: The goals of issue 6.
+GOALS: dict[str, float] = {"send_ratio": 0.8, "consume_ratio": 0.8, "added_p99_ms": 2.0}
+
+
+@dataclass
+class ProxyCase:
+    broker: str
+    store: str
+    sidecar: str
+    direct_send_per_s: float
+    proxy_send_per_s: float
+    send_ratio: float
+    direct_consume_per_s: float
+    proxy_consume_per_s: float
+    consume_ratio: float
+    direct_p50_ms: float
+    direct_p99_ms: float
+    proxy_p50_ms: float
+    proxy_p99_ms: float
+    added_p50_ms: float
+    added_p99_ms: float
+    #: CPU time of the sidecar per proxied message (send, consume) or request/response
+    #: (latency), in microseconds; None where it cannot be read (not Linux).
+    sidecar_cpu_us: dict[str, float | None] = field(default_factory=dict)
+    #: Per-round figures, in round order, for judging the spread.
+    runs: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def goals_met(self) -> dict[str, bool]:
+        return {"send_ratio": self.send_ratio >= GOALS["send_ratio"],
+                "consume_ratio": self.consume_ratio >= GOALS["consume_ratio"],
+                "added_p99_ms": self.added_p99_ms <= GOALS["added_p99_ms"]}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "goals_met": self.goals_met}
+
+
+# -- the sidecar under test ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunningSidecar:
+    #: Where clients connect: the upstream URL with the sidecar's port, so credentials
+    #: and query (vhost) stay the same and a client connects exactly as to the broker.
+    url: str
+    #: CPU seconds the sidecar has used so far: its event-loop thread (``thread``
+    #: mode; the event log's writer thread is not included) or its whole process.
+    cpu_seconds: Callable[[], float | None]
+
+
+@contextmanager
+def running_sidecar(upstream_url: str, store_url: str,
+                    mode: str = "thread") -> Iterator[RunningSidecar]:
+    """A sidecar in front of ``upstream_url`` (default plugins, ``store_url``, event log
+    in a temporary directory), on a thread of this process or as a process of its own."""
+    if mode not in SIDECAR_MODES:
+        raise ValueError(f"sidecar mode must be one of {SIDECAR_MODES}, not {mode!r}")
+    with tempfile.TemporaryDirectory(prefix="mqguard-bench-proxy-") as tmp:
+        events_dir = os.path.join(tmp, "events")
+        if mode == "thread":
+            from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+
+            config = parse_config({"mqguard": {"store": store_url,
+                                               "event-log": {"directory": events_dir}}},
+                                  "mqguard bench proxy")
+            sidecar = Sidecar(config, parse_upstream(upstream_url), listen=("127.0.0.1", 0))
+            with SidecarThread(sidecar) as running:
+                loop_thread = next((t for t in threading.enumerate()
+                                    if t.name == "mqguard-sidecar"), None)
+                task = (f"/proc/self/task/{loop_thread.native_id}/stat"
+                        if loop_thread is not None and loop_thread.native_id else None)
+                yield RunningSidecar(_with_port(upstream_url, running.port),
+                                     lambda: _proc_cpu_seconds(task))
+        else:
+            with _sidecar_process(upstream_url, store_url, Path(tmp), events_dir) as proc:
+                port = _wait_for_listening(proc, Path(tmp) / "sidecar.log")
+                stat = f"/proc/{proc.pid}/stat"
+                yield RunningSidecar(_with_port(upstream_url, port),
+                                     lambda: _proc_cpu_seconds(stat))
+
+
+def _proc_cpu_seconds(stat_path: str | None) -> float | None:
+    """User + system CPU seconds from a Linux ``/proc/.../stat`` file; None elsewhere."""
+    if stat_path is None:
+        return None
+    try:
+        fields = Path(stat_path).read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextmanager
+def _sidecar_process(upstream_url: str, store_url: str, tmp: Path,
+                     events_dir: str) -> Iterator[subprocess.Popen[bytes]]:
+    config = tmp / "mqguard.toml"
+    # JSON strings are valid TOML basic strings.
+    config.write_text(f"[mqguard]\nstore = {json.dumps(store_url)}\n\n"
+                      f"[mqguard.event-log]\ndirectory = {json.dumps(events_dir)}\n")
+    log_path = tmp / "sidecar.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mqguard.cli", "sidecar", "--listen", "127.0.0.1:0",
+             "--upstream", upstream_url, "-c", str(config)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _wait_for_listening(proc: subprocess.Popen[bytes], log_path: Path,
+                        timeout: float = 30.0) -> int:
+    marker = "mqguard sidecar listening on "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        for line in text.splitlines():
+            if line.startswith(marker):
+                hostport = line[len(marker):].split(",")[0].strip()
+                return int(hostport.rpartition(":")[2])
+        if proc.poll() is not None:
+            raise RuntimeError(f"mqguard sidecar exited with {proc.returncode}:\n{text[-2000:]}")
+        time.sleep(0.05)
+    raise RuntimeError(f"mqguard sidecar did not start within {timeout:g} s")
+
+
+def _with_port(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"
+    return urlunsplit(("stomp", netloc, parts.path, parts.query, ""))
+
+
+# -- the client's side ---------------------------------------------------------------------
+
+class _Echo(stomp.ConnectionListener):  # type: ignore[misc]
+    """Receipts and messages of the latency client, stamped on arrival."""
+
+    def __init__(self) -> None:
+        self.arrived: queue.SimpleQueue[tuple[float, Any]] = queue.SimpleQueue()
+        self.receipts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.errors: list[Any] = []
+
+    def on_message(self, frame: Any) -> None:
+        self.arrived.put((time.perf_counter(), frame))
+
+    def on_receipt(self, frame: Any) -> None:
+        self.receipts.put(frame.headers.get("receipt-id", ""))
+
+    def on_error(self, frame: Any) -> None:
+        self.errors.append(frame)
+
+
+def stomp_latency(url: str, address: str, samples: int, size: int, warmup: int = 0,
+                  timeout: float = 10.0) -> list[float]:
+    """Send one message at a time to a queue this client consumes; seconds per round trip."""
+    parts = urlsplit(url)
+    vhost = parse_qs(parts.query).get("vhost", ["/"])[0]
+    conn = stomp.Connection12([(parts.hostname or "127.0.0.1", parts.port or 61613)],
+                              vhost=vhost, heartbeats=(0, 0))
+    listener = _Echo()
+    conn.set_listener("latency", listener)
+    conn.connect(parts.username or "guest", parts.password or "guest", wait=True)
+    # stomp.py leaves Nagle on: the ACK and the next SEND are two small writes, and the
+    # SEND would wait for the TCP ack of the ACK, which Linux delays by 40 ms. Both paths
+    # would then measure that timer instead of the broker and the sidecar.
+    conn.transport.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    destination = raw.stomp_destination(address)
+    body = b"x" * size
+    out: list[float] = []
+    try:
+        conn.subscribe(destination, id="latency", ack="client-individual",
+                       headers={"receipt": "subscribed", "activemq.prefetchSize": "1",
+                                "prefetch-count": "1"})
+        if listener.receipts.get(timeout=timeout) != "subscribed":
+            raise RuntimeError("unexpected receipt before the subscription's")
+        for i in range(warmup + samples):
+            started = time.perf_counter()
+            conn.send(destination, body, headers={"persistent": "true",
+                                                  "_AMQ_DUPL_ID": f"{address}-{i}"})
+            try:
+                arrived, frame = listener.arrived.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"message {i} did not come back within {timeout:g} s "
+                                   f"(errors: {listener.errors})") from None
+            conn.ack(frame.headers["ack"])
+            if i >= warmup:
+                out.append(arrived - started)
+        return out
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _bodies(count: int, size: int) -> list[bytes]:
+    return [(b"%08d" % i).ljust(size, b"x") for i in range(count)]
+
+
+def _queue_name(phase: str) -> str:
+    return f"mqguard.bench.proxy.{phase}.{new_message_id()[:12]}"
+
+
+# -- one case ------------------------------------------------------------------------------
+
+def _alternate(rounds: int, run: Callable[[str], float]) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = {"direct": [], "proxy": []}
+    for round_number in range(rounds):
+        order = ("direct", "proxy") if round_number % 2 == 0 else ("proxy", "direct")
+        for side in order:
+            results[side].append(run(side))
+    return results
+
+
+def _ratio(proxy: float, direct: float) -> float:
+    return proxy / direct if direct else 0.0
+
+
+def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
+             messages: int, size: int, rounds: int, latency_samples: int, batch: int = 100,
+             prefetch: int = 100, warmup: int = 500, sidecar_mode: str = "thread",
+             progress: Callable[[str], None] | None = None) -> ProxyCase:
+    """Measure one broker: send, consume and latency, direct vs through a sidecar."""
+    say = progress or (lambda text: None)
+    bodies = _bodies(messages, size)
+    cpu: dict[str, list[float]] = {"send": [], "consume": [], "latency": []}
+    with running_sidecar(broker_url, store_url, sidecar_mode) as sidecar:
+        urls = {"direct": broker_url, "proxy": sidecar.url}
+
+        def timed_cpu(side: str, phase: str, count: int, run: Callable[[], float]) -> float:
+            before = sidecar.cpu_seconds() if side == "proxy" else None
+            seconds = run()
+            after = sidecar.cpu_seconds() if before is not None else None
+            if before is not None and after is not None:
+                cpu[phase].append((after - before) / count * 1e6)
+            return seconds
+
+        if warmup:
+            warm = _bodies(warmup, size)
+            for side in ("direct", "proxy"):
+                address = _queue_name("warmup")
+                raw.stomp_produce(urls[side], address, warm, batch)
+                raw.stomp_consume(urls[side], address, len(warm), prefetch)
+            say(f"{broker}: warmed up ({warmup} messages each way)")
+
+        def send(side: str) -> float:
+            address = _queue_name("send")
+            seconds = timed_cpu(side, "send", messages, lambda: raw.stomp_produce(
+                urls[side], address, bodies, batch))
+            raw.stomp_consume(broker_url, address, messages, prefetch)  # drain, check count
+            return messages / seconds
+
+        def consume(side: str) -> float:
+            address = _queue_name("consume")
+            raw.stomp_produce(sidecar.url, address, bodies, batch)
+            return messages / timed_cpu(side, "consume", messages, lambda: raw.stomp_consume(
+                urls[side], address, messages, prefetch))
+
+        latencies: dict[str, list[float]] = {"direct": [], "proxy": []}
+
+        def latency(side: str) -> float:
+            warm_exchanges = min(100, latency_samples)
+            found: list[float] = []
+
+            def run() -> float:
+                found.extend(stomp_latency(urls[side], _queue_name("latency"),
+                                           latency_samples, size, warmup=warm_exchanges))
+                return 0.0
+
+            timed_cpu(side, "latency", latency_samples + warm_exchanges, run)
+            latencies[side].extend(found)
+            return percentile(found, 99) * 1000
+
+        sends = _alternate(rounds, send)
+        say(f"{broker}: send direct {median(sends['direct']):,.0f}/s "
+            f"proxy {median(sends['proxy']):,.0f}/s")
+        consumes = _alternate(rounds, consume)
+        say(f"{broker}: consume direct {median(consumes['direct']):,.0f}/s "
+            f"proxy {median(consumes['proxy']):,.0f}/s")
+        p99s = _alternate(rounds, latency)
+
+    direct_send, proxy_send = median(sends["direct"]), median(sends["proxy"])
+    direct_consume, proxy_consume = median(consumes["direct"]), median(consumes["proxy"])
+    ms = {side: (percentile(found, 50) * 1000, percentile(found, 99) * 1000)
+          for side, found in latencies.items()}
+    case = ProxyCase(
+        broker=broker, store=store_name, sidecar=sidecar_mode,
+        direct_send_per_s=direct_send, proxy_send_per_s=proxy_send,
+        send_ratio=_ratio(proxy_send, direct_send),
+        direct_consume_per_s=direct_consume, proxy_consume_per_s=proxy_consume,
+        consume_ratio=_ratio(proxy_consume, direct_consume),
+        direct_p50_ms=ms["direct"][0], direct_p99_ms=ms["direct"][1],
+        proxy_p50_ms=ms["proxy"][0], proxy_p99_ms=ms["proxy"][1],
+        added_p50_ms=ms["proxy"][0] - ms["direct"][0],
+        added_p99_ms=ms["proxy"][1] - ms["direct"][1],
+        sidecar_cpu_us={phase: median(values) if values else None
+                        for phase, values in cpu.items()},
+        runs={"direct_send_per_s": sends["direct"], "proxy_send_per_s": sends["proxy"],
+              "direct_consume_per_s": consumes["direct"],
+              "proxy_consume_per_s": consumes["proxy"],
+              "direct_p99_ms": p99s["direct"], "proxy_p99_ms": p99s["proxy"]})
+    say(f"{broker}: latency p50 direct {case.direct_p50_ms:.3f} ms proxy "
+        f"{case.proxy_p50_ms:.3f} ms, p99 direct {case.direct_p99_ms:.3f} ms proxy "
+        f"{case.proxy_p99_ms:.3f} ms")
+    return case
+
+
+def table_rows(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per figure of a case (its JSON form), for :func:`print_table`."""
+    met = case["goals_met"]
+    return [
+        {"broker": case["broker"], "figure": "send msg/s", "direct": case["direct_send_per_s"],
+         "proxy": case["proxy_send_per_s"], "result": f"ratio {case['send_ratio']:.2f}",
+         "goal": f">= {GOALS['send_ratio']}", "met": _yes(met["send_ratio"])},
+        {"broker": case["broker"], "figure": "consume msg/s",
+         "direct": case["direct_consume_per_s"], "proxy": case["proxy_consume_per_s"],
+         "result": f"ratio {case['consume_ratio']:.2f}",
+         "goal": f">= {GOALS['consume_ratio']}", "met": _yes(met["consume_ratio"])},
+        {"broker": case["broker"], "figure": "p50 ms", "direct": case["direct_p50_ms"],
+         "proxy": case["proxy_p50_ms"], "result": f"{case['added_p50_ms']:+.2f} ms",
+         "goal": "", "met": ""},
+        {"broker": case["broker"], "figure": "p99 ms", "direct": case["direct_p99_ms"],
+         "proxy": case["proxy_p99_ms"], "result": f"{case['added_p99_ms']:+.2f} ms",
+         "goal": f"<= +{GOALS['added_p99_ms']}", "met": _yes(met["added_p99_ms"])},
+    ]
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "NO"
