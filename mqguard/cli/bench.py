@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from mqguard.bench.report import environment, print_table, write_json
+from mqguard.cli.bench_proxy import proxy
 from mqguard.errors import MqguardError
 from mqguard.reaper import MAX_BATCH
 from mqguard.servers.ensure import server_urls
@@ -185,3 +186,6 @@ def reap(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str |
     if incomplete:
         raise click.ClickException(f"the reaper did not move every expired message on "
                                    f"{', '.join(incomplete)} (see the notes)")
+
+
+bench.add_command(proxy)

@@ -56,7 +56,7 @@ from mqguard.sidecar.frames import (
     FrameError,
     encode,
 )
-from mqguard.sidecar.receipts import ReceiptChain
+from mqguard.sidecar.receipts import CHAIN_RECEIPT_PREFIX, ReceiptChain
 from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
 from mqguard.verdict import Action
 
@@ -143,6 +143,9 @@ class ProxySession:
         self._producer_id = new_message_id()
         self._sequence = itertools.count(1)
         self._client_done = False  # the client said DISCONNECT or got its ERROR
+        #: A DISCONNECT waiting for the receipts owed before it (see _flush_disconnect).
+        self._pending_disconnect: Frame | None = None
+        self._disconnect_sent = False
         self._shutting_down = False
         #: The sidecar has given (or queued) its ERROR: nothing else may follow it.
         self._ending = False
@@ -329,7 +332,10 @@ class ProxySession:
     async def _drain_broker(self, broker_task: asyncio.Task[str]) -> None:
         timeout = self.sidecar.config.drain_timeout_ms / 1000.0
         if not broker_task.done() and self._broker_writer is not None:
-            self._write_broker(Frame("DISCONNECT", [("receipt", self._chain.expect())]))
+            if self._pending_disconnect is None and not self._disconnect_sent:
+                # The sidecar's own: its receipt is the chain's, not owed to the client.
+                self._pending_disconnect = Frame("DISCONNECT")
+                self._flush_disconnect()
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(broker_task), timeout)
         if not broker_task.done():
@@ -482,10 +488,29 @@ class ProxySession:
         elif command == "ABORT":
             self._on_abort(frame)
         elif command == "DISCONNECT":
-            self._forward(frame)
+            self._pending_disconnect = frame
+            self._flush_disconnect()
             self._client_done = True
         else:  # CONNECT / STOMP again
             self._fail(f"{command} on a connection that is already connected")
+
+    def _flush_disconnect(self) -> None:
+        """Send the held DISCONNECT once every receipt owed for earlier frames came back.
+
+        RabbitMQ may answer a DISCONNECT before the receipts of SENDs ahead of it and
+        then close: those sends would be recorded as unknown outcomes (send_failed)
+        although the broker has them.
+        """
+        frame = self._pending_disconnect
+        if frame is not None and len(self._chain) == 0:
+            self._pending_disconnect = None
+            self._disconnect_sent = True
+            if frame.get("receipt") is None:
+                # A receipt of the sidecar's own: the broker's answer ends the drain.
+                frame.set("receipt", self._chain.expect())
+                self._write_broker(frame)
+            else:
+                self._forward(frame)
 
     def _forward(self, frame: Frame) -> None:
         """Relay a client frame; its receipt (if asked for) comes back through the chain."""
@@ -726,6 +751,7 @@ class ProxySession:
                 return False
             if self._chain.owns(receipt_id):
                 self._chain.confirmed(receipt_id)
+                self._flush_disconnect()
                 return False
             if not self._ending:
                 self._write_client(frame)
@@ -747,6 +773,11 @@ class ProxySession:
 
     def _on_message(self, frame: Frame) -> None:
         assert self.leg is not None
+        echoed = frame.get("receipt")
+        if echoed is not None and echoed.startswith(CHAIN_RECEIPT_PREFIX):
+            # RabbitMQ echoes a SEND's receipt header in the MESSAGE: it is the
+            # sidecar's own id, meaningless to the consumer.
+            frame.remove("receipt")
         sub = self._subs.get(frame.get("subscription") or "")
         if sub is None or sub.browse:
             # Unknown: unsubscribed meanwhile (unacked, so the broker gets it back);

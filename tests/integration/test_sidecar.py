@@ -139,6 +139,9 @@ def test_round_trip_keeps_headers_bodies_and_order(proxy: SidecarThread,
     wait_for(lambda: len(client.messages) == 30, 15, "30 messages")
     assert client.bodies() == [f"body-{i}" for i in range(30)]
     assert [f.headers["app"] for f in client.messages] == [f"v{i}" for i in range(30)]
+    # RabbitMQ echoes a SEND's receipt header: the sidecar's own ids never show.
+    assert not [f for f in client.messages
+                if f.headers.get("receipt", "").startswith("mqguard-")]
     for frame in client.messages:
         client.conn.ack(frame.headers["ack"], receipt=None)
     client.conn.disconnect(receipt="bye")
@@ -387,3 +390,21 @@ def test_tls_on_both_legs(broker: tuple[str, Any], tmp_path: Path, unique_name: 
         with SidecarThread(untrusted) as bad_proxy:
             with pytest.raises(stomp.exception.ConnectFailedException):
                 Client(bad_proxy.port)  # the CA is not trusted: the upstream leg refuses
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_disconnect_right_after_sends_loses_no_confirmation(
+        proxy: SidecarThread, clients: list[Client], tmp_path: Path, unique_name: str) -> None:
+    """DISCONNECT straight after 50 unconfirmed SENDs: the sidecar holds it until the broker
+    confirmed them (RabbitMQ may answer a DISCONNECT first), so every send is recorded as
+    sent, none as an unknown outcome."""
+    client = connect(proxy, clients)
+    queue = f"/queue/{unique_name}"
+    for i in range(50):
+        client.conn.send(queue, f"m{i}")
+    client.conn.disconnect(receipt="bye")
+    reader = connect(proxy, clients)
+    reader.conn.subscribe(queue, id="s", ack="auto")
+    wait_for(lambda: len(reader.messages) == 50, 15, "all 50")
+    kinds = Counter(e["type"] for e in events(tmp_path, proxy))
+    assert (kinds["sent"], kinds["send_failed"]) == (50, 0)
