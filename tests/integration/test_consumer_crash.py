@@ -26,6 +26,7 @@ from mqguard.message import ORIG_MESSAGE_ID_HEADER, Message
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
+from mqguard.testing.waiting import wait_for
 
 BROKERS = [
     pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq"),
@@ -72,14 +73,6 @@ def handled(log_path: Path) -> dict[str, list[int]]:
             if body and count.isdigit():
                 calls[body].append(int(count))
     return calls
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.redis

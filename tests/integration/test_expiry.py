@@ -30,6 +30,7 @@ from mqguard.producer import GuardedProducer
 from mqguard.reaper import DEFAULT_HOLDING_QUEUE, ExpiryReaper
 from mqguard.registry import open_adapter
 from mqguard.servers.rabbitmq import rabbitmqctl
+from mqguard.testing.waiting import wait_for
 
 BROKERS = [
     pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq"),
@@ -51,14 +52,6 @@ def make_guard(tmp_path: Path, address: str) -> Guard:
         "address-settings": {address: {"expiry-address": f"{address}.EXP"}},
     })
     return Guard(config).start()
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

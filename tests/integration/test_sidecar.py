@@ -33,19 +33,12 @@ from mqguard.message import (
 from mqguard.reaper import DEFAULT_HOLDING_QUEUE
 from mqguard.servers.rabbitmq import rabbitmqctl
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+from mqguard.testing.waiting import wait_for
 
 BROKERS = [
     pytest.param("activemq", marks=pytest.mark.activemq, id="activemq"),
     pytest.param("rabbitmq", marks=pytest.mark.rabbitmq, id="rabbitmq"),
 ]
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Client(stomp.ConnectionListener):  # type: ignore[misc]

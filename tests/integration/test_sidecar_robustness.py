@@ -38,6 +38,7 @@ from mqguard.servers import ServerHandle, ServerUnavailable, start
 from mqguard.sidecar.frames import SERVER_COMMANDS, Frame, FrameDecoder, FrameError
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.faultproxy import FaultProxy
+from mqguard.testing.waiting import wait_for
 
 BROKERS = [
     pytest.param("activemq", marks=pytest.mark.activemq, id="activemq"),
@@ -51,14 +52,6 @@ MAX_LINE = 1024
 
 #: The fuzz seed CI uses (see the module docstring).
 DEFAULT_FUZZ_SEED = 20261121
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def sidecar_config(tmp_path: Path) -> MqguardConfig:
