@@ -79,12 +79,15 @@ class _Collector:
             self.deliveries.append(delivery)
             self.cond.notify_all()
 
-    def take(self, limit: int, idle_s: float) -> list[Delivery]:
-        """Up to ``limit`` deliveries, waiting until none arrived for ``idle_s``."""
+    def take(self, limit: int, idle_s: float, first_s: float = 0.0) -> list[Delivery]:
+        """Up to ``limit`` deliveries, waiting until none arrived for ``idle_s`` (for the
+        very first one, up to ``first_s`` if that is longer)."""
         with self.cond:
+            wait = max(idle_s, first_s) if not self.deliveries else idle_s
             while len(self.deliveries) < limit:
                 seen = len(self.deliveries)
-                self.cond.wait(idle_s)
+                self.cond.wait(wait)
+                wait = idle_s
                 if len(self.deliveries) == seen:
                     break
             taken, self.deliveries = self.deliveries[:limit], self.deliveries[limit:]
@@ -95,7 +98,7 @@ class ExpiryReaper:
     """Scans ``addresses`` on one broker connection; see the module documentation."""
 
     def __init__(self, guard: Guard, adapter: Adapter, addresses: Sequence[str], *,
-                 batch_size: int = MAX_BATCH, idle_ms: int = 300,
+                 batch_size: int = MAX_BATCH, idle_ms: int = 300, first_wait_ms: int = 0,
                  holding_queue: str = DEFAULT_HOLDING_QUEUE) -> None:
         if not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be 1..{MAX_BATCH}, got {batch_size}")
@@ -106,6 +109,10 @@ class ExpiryReaper:
         self.addresses = list(dict.fromkeys(addresses))
         self.batch_size = batch_size
         self.idle_s = idle_ms / 1000.0
+        if first_wait_ms < 0:
+            raise ValueError(f"first_wait_ms must be >= 0, got {first_wait_ms}")
+        #: How long a scan waits for its first match (a deep queue takes the broker time).
+        self.first_wait_s = first_wait_ms / 1000.0
         self.holding_queue = holding_queue
         self._scan_lock = threading.Lock()
 
@@ -187,8 +194,12 @@ class ExpiryReaper:
         subscription = self.adapter.subscribe(queue, collector, options)
         total = 0
         try:
-            while batch := collector.take(self.batch_size, self.idle_s):
+            # The broker may take a while to find the first match in a deep queue (ActiveMQ
+            # evaluates the selector over the paged-in messages): wait longer for it.
+            first_s = self.first_wait_s
+            while batch := collector.take(self.batch_size, self.idle_s, first_s):
                 total += handle(batch)
+                first_s = 0.0
             return total
         finally:
             self.adapter.unsubscribe(subscription)

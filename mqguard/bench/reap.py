@@ -362,7 +362,7 @@ class ReaperRun:
         try:
             idle = {} if self.idle_ms is None else {"idle_ms": self.idle_ms}
             reaper = ExpiryReaper(self.guard, adapter, [address], batch_size=self.batch,
-                                  holding_queue=holding_queue, **idle)
+                                  holding_queue=holding_queue, first_wait_ms=3000, **idle)
             return reap_until(reaper, target, timeout, self)
         finally:
             adapter.close()

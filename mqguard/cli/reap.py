@@ -32,9 +32,13 @@ from mqguard.registry import open_adapter
               help="Messages moved per broker transaction.")
 @click.option("--holding-queue", default=DEFAULT_HOLDING_QUEUE, show_default=True,
               help="RabbitMQ: the queue the expiry policy dead-letters to.")
+@click.option("--first-wait-ms", type=click.IntRange(0, 600_000), default=0, show_default=True,
+              help="How long a scan waits for its first expired message beyond the 300 ms "
+                   "idle time: raise it for deep queues (ActiveMQ needs ~2 s at 100k).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scan result.")
 def reap(url: str, addresses: tuple[str, ...], config_path: str | None, loop: bool,
-         period: int | None, batch: int, holding_queue: str, as_json: bool) -> None:
+         period: int | None, batch: int, holding_queue: str, first_wait_ms: int,
+         as_json: bool) -> None:
     """Move messages that expired at rest to their expiry address (Artemis expiry reaper).
 
     One pass by default. See docs/expiry.md for what each broker allows.
@@ -51,7 +55,7 @@ def reap(url: str, addresses: tuple[str, ...], config_path: str | None, loop: bo
     try:
         with Guard(config, role="reaper") as guard:
             reaper = ExpiryReaper(guard, adapter, addresses, batch_size=batch,
-                                  holding_queue=holding_queue)
+                                  holding_queue=holding_queue, first_wait_ms=first_wait_ms)
             if not loop:
                 _report(reaper.scan(), as_json)
                 return

@@ -77,6 +77,17 @@ _JAVA_MODULE_FLAGS = (
 _STARTED = re.compile(r"Apache ActiveMQ (\S+) \(.*\) started")
 
 
+#: ActiveMQ matches a selector subscription only against the messages it has paged in
+#: (``maxPageSize``, default 200): 200 unexpired messages at the head of a queue would
+#: hide every expired message behind them from the expiry reaper. Memory still bounds
+#: what is paged in (``memoryUsage``).
+_DEFAULT_POLICY = """    <destinationPolicy>
+      <policyMap><policyEntries>
+        <policyEntry queue=">" maxPageSize="100000" maxBrowsePageSize="100000"/>
+      </policyEntries></policyMap>
+    </destinationPolicy>"""
+
+
 def _broker_xml(
     data: Path, stomp: int, mqtt: int, openwire: int, extra_xml: str, broker_name: str
 ) -> str:
@@ -119,7 +130,7 @@ def _broker_xml(
       <transportConnector name="stomp" uri={uri("stomp", stomp)}/>
       <transportConnector name="mqtt" uri={uri("mqtt", mqtt)}/>
     </transportConnectors>
-{extra_xml}
+{extra_xml or _DEFAULT_POLICY}
   </broker>
 </beans>
 """

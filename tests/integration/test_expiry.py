@@ -155,6 +155,28 @@ def test_activemq_reaper_moves_expired_at_rest(url: str, expired_inbox: list[Mes
 
 
 @pytest.mark.parametrize("url", BROKERS[:1], indirect=True)
+def test_activemq_reaper_sees_past_a_deep_unexpired_head(url: str, expired_inbox: list[Message],
+                                                         tmp_path: Path,
+                                                         unique_name: str) -> None:
+    """250 unexpired messages ahead of 50 expired ones: with ActiveMQ's default page of
+    200 the selector would never reach the expired ones; the local broker's policy (and
+    docs/expiry.md) raise maxPageSize, and the reaper moves all 50."""
+    guard = make_guard(tmp_path, unique_name)
+    with GuardedProducer(open_adapter(url), guard) as producer:
+        producer.send_batch([producer.message(unique_name, b"fresh-%d" % i, ttl_ms=600_000)
+                             for i in range(250)])
+        producer.send_batch([producer.message(unique_name, b"stale-%d" % i,
+                                              expiration=now_ms() - 1000) for i in range(50)])
+    adapter = open_adapter(url)
+    (result,) = ExpiryReaper(guard, adapter, [unique_name], first_wait_ms=2000).scan()
+    assert result.expired == 50
+    wait_for(lambda: len(expired_inbox) == 50, 20, "the 50 expired copies")
+    assert sorted(m.body for m in expired_inbox) == sorted(b"stale-%d" % i for i in range(50))
+    adapter.close()
+    guard.close()
+
+
+@pytest.mark.parametrize("url", BROKERS[:1], indirect=True)
 def test_running_reaper_moves_within_one_scan_period(url: str, expired_inbox: list[Message],
                                                      tmp_path: Path, unique_name: str) -> None:
     guard = make_guard(tmp_path, unique_name)
