@@ -33,6 +33,7 @@ class _Section(BaseModel):
 class EventLogConfig(_Section):
     """``[mqguard.event-log]``: where and how events are written."""
 
+    #: Write events at all; off, the audit has nothing to read.
     enabled: bool = True
     #: Directory of the JSONL files; each process writes its own file in it.
     directory: str = "mqguard-events"
@@ -82,7 +83,9 @@ class CoreConfig(_Section):
     id_cache_size: int = Field(20000, ge=0)
     #: Artemis ``message-expiry-scan-period`` in ms; -1 turns the reaper off.
     message_expiry_scan_period: int = Field(30000, ge=-1)
+    #: ``[mqguard.event-log]`` table.
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
+    #: ``[mqguard.sidecar]`` table.
     sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
 
     @field_validator("store")
@@ -100,7 +103,9 @@ class MqguardConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
+    #: ``[mqguard]`` table.
     core: CoreConfig = Field(default_factory=CoreConfig, alias="mqguard")
+    #: ``[address-settings."<match>"]`` tables, keyed by match key.
     address_settings: dict[str, AddressSettingsTable] = Field(
         default_factory=dict, alias="address-settings")
     #: Free-form ``[plugins.<name>]`` tables; each plugin validates its own.

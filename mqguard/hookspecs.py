@@ -5,15 +5,19 @@ modules or objects with functions marked ``@mqguard.hookimpl`` whose names
 match the specifications below; like pytest, an implementation may accept any
 subset of the specification's arguments.
 
-Two kinds of hooks:
+Three kinds of hooks:
 
-* **Decision hooks** (:func:`before_send`, :func:`before_deliver`) return a
+* **Decision hooks** (:func:`before_send`, :func:`before_deliver`,
+  :func:`on_handler_failure`, :func:`transaction_committing`) return a
   :class:`~mqguard.verdict.Verdict` or ``None``. They are *firstresult*: the
   first implementation that returns a verdict decides and the rest are not
   called. ``None`` means "no opinion, ask the next plugin". Order plugins with
   ``tryfirst`` / ``trylast``.
-* **Observers** (everything else) return nothing; their exceptions are logged
-  by the pipeline and never change the fate of a message.
+* :func:`before_send_batch` collects: every implementation is called and
+  their ``{index: verdict}`` answers are merged.
+* **Observers** (everything else) return nothing. They must not raise: the
+  pipeline does not catch their exceptions (one from ``after_send`` reaches the
+  sender although the broker has the message), so catch and log your own.
 
 Every hook receives a :class:`~mqguard.context.HookContext` as ``ctx``: the
 resolved address settings, the store, the event log, the adapter's

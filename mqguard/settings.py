@@ -29,27 +29,49 @@ class AddressSettingsTable(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=_kebab, populate_by_name=True,
                               frozen=True, strict=True)
 
+    #: Deliveries before a message is dead-lettered; -1 = unlimited.
     max_delivery_attempts: int | None = Field(None, ge=-1)
+    #: Duplicate-ID cache (ring) size of the address; 0 turns duplicate detection off.
     id_cache_size: int | None = Field(None, ge=0)
+    #: Milliseconds before a failed message is redelivered.
     redelivery_delay: int | None = Field(None, ge=0)
+    #: Backoff factor applied to the delay per further attempt.
     redelivery_delay_multiplier: float | None = Field(None, ge=1.0)
+    #: Cap on the redelivery delay in ms; unset: 10 x ``redelivery-delay``.
     max_redelivery_delay: int | None = Field(None, ge=0)
+    #: Random spread of the delay (0..1): moved by up to +/- this fraction.
     redelivery_collision_avoidance_factor: float | None = Field(None, ge=0.0, le=1.0)
+    #: Where poison messages go; unset (and no auto-created queue): dropped with a WARN.
     dead_letter_address: str | None = None
+    #: Send dead letters to the queue ``<prefix><address><suffix>`` instead.
     auto_create_dead_letter_resources: bool | None = None
+    #: Prefix of the auto-created dead-letter queue.
     dead_letter_queue_prefix: str | None = None
+    #: Suffix of the auto-created dead-letter queue.
     dead_letter_queue_suffix: str | None = None
+    #: Where expired messages go; unset (and no auto-created queue): dropped with a WARN.
     expiry_address: str | None = None
+    #: Send expired messages to the queue ``<prefix><address><suffix>`` instead.
     auto_create_expiry_resources: bool | None = None
+    #: Prefix of the auto-created expiry queue.
     expiry_queue_prefix: str | None = None
+    #: Suffix of the auto-created expiry queue.
     expiry_queue_suffix: str | None = None
+    #: Expiration (ms from send) given to messages without one; -1 = none.
     expiry_delay: int | None = Field(None, ge=-1)
+    #: Lower bound (ms from send) on expirations; -1 = unset.
     min_expiry_delay: int | None = Field(None, ge=-1)
+    #: Upper bound (ms from send) on expirations, also given to messages without one; -1 = unset.
     max_expiry_delay: int | None = Field(None, ge=-1)
+    #: Remove every expiration: messages of the address never expire.
     no_expiry: bool | None = None
+    #: Accepted for Artemis compatibility; not used by mqguard yet.
     auto_create_queues: bool | None = None
+    #: Accepted for Artemis compatibility; not used by mqguard yet.
     auto_create_addresses: bool | None = None
+    #: Ms before redistributing (-1 = never); accepted, redistribution is not built yet.
     redistribution_delay: int | None = Field(None, ge=-1)
+    #: Accepted for Artemis compatibility; not used by mqguard yet.
     send_to_dla_on_no_route: bool | None = None
 
     @field_validator("redelivery_delay_multiplier", "redelivery_collision_avoidance_factor",
@@ -72,6 +94,7 @@ class AddressSettings:
     """Fully resolved settings of one address. Defaults are Artemis's."""
 
     max_delivery_attempts: int = 10
+    #: ``[mqguard] id-cache-size`` (20000 by default).
     id_cache_size: int = 20000
     redelivery_delay: int = 0
     redelivery_delay_multiplier: float = 1.0

@@ -30,9 +30,13 @@ class Action(enum.Enum):
 class AckReason(enum.Enum):
     """Why a delivered message was acknowledged (Artemis ``AckReason``)."""
 
+    #: Handled by the application (or a duplicate delivery the consumer audit acknowledged).
     NORMAL = "normal"
+    #: Not handled: rejected, dropped or moved (dead-lettered) by a plugin.
     KILLED = "killed"
+    #: Expired: moved to the expiry address or dropped.
     EXPIRED = "expired"
+    #: Replaced by a newer message (Artemis last-value queues); mqguard does not use it yet.
     REPLACED = "replaced"
 
 
@@ -62,16 +66,19 @@ class Verdict:
 
     @classmethod
     def reject(cls, reason: str, *, event: str | None = None) -> Verdict:
+        """Refuse the message (see :attr:`Action.REJECT`)."""
         return cls(Action.REJECT, reason, event=event)
 
     @classmethod
     def drop(cls, reason: str, *, event: str | None = None,
              ack_reason: AckReason = AckReason.KILLED) -> Verdict:
+        """Swallow the message (see :attr:`Action.DROP`)."""
         return cls(Action.DROP, reason, event=event, ack_reason=ack_reason)
 
     @classmethod
     def move(cls, address: str, reason: str, *, event: str | None = None,
              ack_reason: AckReason = AckReason.KILLED) -> Verdict:
+        """Send a copy to ``address`` and acknowledge the original (see :attr:`Action.MOVE`)."""
         return cls(Action.MOVE, reason, address=address, event=event, ack_reason=ack_reason)
 
     @classmethod
@@ -82,6 +89,7 @@ class Verdict:
 
     @classmethod
     def redeliver(cls, delay_ms: int, reason: str = "", *, event: str | None = None) -> Verdict:
+        """Deliver the message again after ``delay_ms`` (see :attr:`Action.REDELIVER`)."""
         return cls(Action.REDELIVER, reason, event=event, delay_ms=delay_ms)
 
 

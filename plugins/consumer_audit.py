@@ -59,9 +59,14 @@ NAME = "consumer_audit"
 class ConsumerAuditOptions(PluginOptions):
     """``[plugins.consumer_audit]``."""
 
+    #: What a duplicate delivery gets: ``ack`` (acknowledged unhandled), ``poison``
+    #: (moved to the dead-letter address), ``log`` (a WARN, then handled anyway).
     action: Literal["ack", "poison", "log"] = "ack"
+    #: Sequence numbers remembered per producer (older ones pass, as in ActiveMQ).
     window: int = Field(2048, ge=1, le=1 << 20)
+    #: Producers remembered per destination (LRU).
     max_producers: int = Field(64, ge=1, le=1 << 20)
+    #: Destinations remembered per consumer guard (LRU).
     max_destinations: int = Field(1000, ge=1, le=1 << 20)
     #: Also keep the marks in the store, for consumers that take over from crashed ones.
     shared: bool = False

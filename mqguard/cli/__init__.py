@@ -14,6 +14,7 @@ from mqguard.cli.bench import bench
 from mqguard.cli.config_cmd import config
 from mqguard.cli.dedup import dedup
 from mqguard.cli.demo import demo
+from mqguard.cli.docs import docs
 from mqguard.cli.reap import reap
 from mqguard.cli.sidecar import sidecar
 
@@ -39,5 +40,6 @@ main.add_command(audit)
 main.add_command(bench)
 main.add_command(config)
 main.add_command(dedup)
+main.add_command(docs)
 main.add_command(reap)
 main.add_command(sidecar)
