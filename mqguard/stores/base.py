@@ -2,8 +2,8 @@
 
 Everything the plugins must share between processes, or keep across restarts,
 goes through a :class:`Store`: duplicate-ID rings, delivery counts, scheduled
-redeliveries and consumer audit windows (more arrive with later features:
-consumer presence, the expiry index). :class:`~mqguard.stores.memory.MemoryStore`
+redeliveries, consumer audit windows and consumer presence (more arrive with later features:
+the expiry index). :class:`~mqguard.stores.memory.MemoryStore`
 is the embedded default for one process; :class:`~mqguard.stores.redis.RedisStore`
 serves anything shared or restart-proof. ``tests/stores/test_contract.py`` runs
 the same suite against both, so the semantics below are the contract.
@@ -56,6 +56,12 @@ def check_audit_sequences(sequences: Sequence[int]) -> None:
     for seq in sequences:
         if not 0 <= seq < AUDIT_SEQUENCE_LIMIT:
             raise ValueError(f"audit sequence numbers must be >= 0 and < 2**53, got {seq}")
+
+
+def check_presence_ttl(ttl_ms: int) -> None:
+    """ValueError unless ``ttl_ms`` >= 1 (:meth:`Store.presence_beat`, all stores)."""
+    if ttl_ms < 1:
+        raise ValueError(f"presence ttl_ms must be >= 1, got {ttl_ms}")
 
 
 def check_audit_mark(sequences: Sequence[int], window: int, ttl_ms: int) -> None:
@@ -180,6 +186,28 @@ class Store(Protocol):
     def audit_forget(self, scope: str, producer_id: str, sequences: Sequence[int]) -> None:
         """Un-mark the sequences (a rolled-back delivery): the window neither moves nor
         has its expiry extended. Unknown windows and sequences are ignored; idempotent."""
+        ...
+
+    # -- consumer presence (load balancing, docs/load-balancing.md) -----------------------
+    #
+    # Who consumes a queue, shared by every process: each consumer (``member``, an opaque
+    # string unique to it) beats with some ``info`` (bytes; mqguard stores its group, node and
+    # selector as JSON) and is live until ``ttl_ms`` after its last beat. ``scope`` is the
+    # queue name, so presence shares the hash slot of the address's other keys. Expiry is
+    # measured on one clock per store (Redis: the server's ``TIME``), so processes with skewed
+    # clocks agree. ``ttl_ms`` < 1 raises ValueError before anything changes.
+
+    def presence_beat(self, scope: str, member: str, info: bytes, ttl_ms: int) -> None:
+        """Register ``member`` (or refresh it and replace its info) until ``ttl_ms`` from now.
+        Idempotent: a retry only extends the expiry again."""
+        ...
+
+    def presence_live(self, scope: str) -> dict[str, bytes]:
+        """The live members of ``scope`` and their info; expired members are forgotten."""
+        ...
+
+    def presence_leave(self, scope: str, member: str) -> bool:
+        """Forget ``member`` at once (a consumer that closed); True when it was live."""
         ...
 
     # -- lifecycle ---------------------------------------------------------------

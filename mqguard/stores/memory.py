@@ -20,6 +20,7 @@ from mqguard.stores.base import (
     ScheduledItem,
     check_audit_mark,
     check_audit_sequences,
+    check_presence_ttl,
 )
 
 #: Most audit windows kept at once; beyond it the least recently marked one is forgotten, as
@@ -93,6 +94,8 @@ class MemoryStore:
         # Least recently marked first: an LRU bound, and roughly expiry order too.
         self._audits: OrderedDict[tuple[str, str], _Audit] = OrderedDict()
         self._max_audit_windows = max_audit_windows
+        # scope -> member -> (expires, monotonic seconds; info)
+        self._presence: dict[str, dict[str, tuple[float, bytes]]] = {}
 
     # -- rings -------------------------------------------------------------------
 
@@ -253,6 +256,33 @@ class MemoryStore:
             if audit is not None:
                 for seq in sequences:
                     audit.window.forget(seq)
+
+    # -- consumer presence -------------------------------------------------------------
+
+    def presence_beat(self, scope: str, member: str, info: bytes, ttl_ms: int) -> None:
+        check_presence_ttl(ttl_ms)
+        with self._lock:
+            members = self._presence.setdefault(scope, {})
+            members[member] = (time.monotonic() + ttl_ms / 1000, bytes(info))
+
+    def presence_live(self, scope: str) -> dict[str, bytes]:
+        with self._lock:
+            members = self._presence.get(scope)
+            if not members:
+                return {}
+            now = time.monotonic()
+            for member in [m for m, (expires, _) in members.items() if expires <= now]:
+                del members[member]
+            if not members:
+                del self._presence[scope]
+                return {}
+            return {member: info for member, (_, info) in members.items()}
+
+    def presence_leave(self, scope: str, member: str) -> bool:
+        with self._lock:
+            members = self._presence.get(scope, {})
+            entry = members.pop(member, None)
+            return entry is not None and entry[0] > time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------
 

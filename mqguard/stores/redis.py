@@ -27,6 +27,8 @@ key                         type     content
 ``mqg:{T}:audit:meta:<P>``  hash     audit window of producer ``P``: ``w`` (size), ``h``
                                      (highest marked sequence)
 ``mqg:{T}:audit:bits:<P>``  string   its bitmap: bit ``seq % w`` is set when ``seq`` is marked
+``mqg:{T}:presence``        zset     live consumer -> expiry (epoch ms, Redis server clock)
+``mqg:{T}:presence:info``   hash     live consumer -> its info (group, node, selector)
 ==========================  =======  ========================================================
 
 ``<P>`` is the producer id encoded like a tag, so it holds no ``}`` (a ``SCAN`` for ``}:ring``
@@ -119,6 +121,7 @@ from mqguard.stores.base import (
     ScheduledItem,
     check_audit_mark,
     check_audit_sequences,
+    check_presence_ttl,
 )
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisStore", "key_tag", "mask_url"]
@@ -517,6 +520,65 @@ return 0
 """
 
 
+# -- consumer presence -------------------------------------------------------------------------
+#
+# KEYS[1]: zset member -> expiry (epoch ms of the Redis server clock), KEYS[2]: hash member ->
+# info. Time comes from the server (TIME), so clients with skewed clocks agree; scripts are
+# replicated by effects (Redis >= 5), which makes TIME legal before a write. Epoch ms have 13
+# digits, within the 14 that Lua keeps when a number becomes a string.
+
+_PRESENCE_PRELUDE: Final = """
+local live, info = KEYS[1], KEYS[2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Forget the members whose expiry has passed.
+local function prune()
+  local dead = redis.call('ZRANGEBYSCORE', live, '-inf', now)
+  for i = 1, #dead do
+    redis.call('ZREM', live, dead[i])
+    redis.call('HDEL', info, dead[i])
+  end
+end
+"""
+
+# ARGV: member, info, ttl ms
+_PRESENCE_BEAT: Final = _PRESENCE_PRELUDE + """
+local ttl = tonumber(ARGV[3])
+prune()
+redis.call('ZADD', live, now + ttl, ARGV[1])
+redis.call('HSET', info, ARGV[1], ARGV[2])
+-- Both keys outlive their newest member by a little, so an abandoned scope disappears.
+local keep = redis.call('ZRANGE', live, -1, -1, 'WITHSCORES')
+local ms = math.max(tonumber(keep[2]) - now, ttl) + 1000
+redis.call('PEXPIRE', live, ms)
+redis.call('PEXPIRE', info, ms)
+return 0
+"""
+
+# Returns member, info, member, info, ...
+_PRESENCE_LIVE: Final = _PRESENCE_PRELUDE + """
+prune()
+local members = redis.call('ZRANGE', live, 0, -1)
+local out = {}
+for i = 1, #members do
+  out[#out + 1] = members[i]
+  out[#out + 1] = redis.call('HGET', info, members[i]) or ''
+end
+return out
+"""
+
+# ARGV: member. Returns 1 when it was live.
+_PRESENCE_LEAVE: Final = _PRESENCE_PRELUDE + """
+local expires = redis.call('ZSCORE', live, ARGV[1])
+redis.call('ZREM', live, ARGV[1])
+redis.call('HDEL', info, ARGV[1])
+if expires and tonumber(expires) > now then
+  return 1
+end
+return 0
+"""
+
+
 # -- names, URLs, errors ----------------------------------------------------------------------
 
 
@@ -675,6 +737,9 @@ class RedisStore:
         self._s_audit_mark: Script = register(_AUDIT_MARK)
         self._s_audit_seen: Script = register(_AUDIT_SEEN)
         self._s_audit_forget: Script = register(_AUDIT_FORGET)
+        self._s_presence_beat: Script = register(_PRESENCE_BEAT)
+        self._s_presence_live: Script = register(_PRESENCE_LIVE)
+        self._s_presence_leave: Script = register(_PRESENCE_LEAVE)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str = DEFAULT_NAMESPACE,
@@ -754,6 +819,9 @@ class RedisStore:
         producer = key_tag(producer_id)
         return [self._key(scope, "audit:meta:" + producer),
                 self._key(scope, "audit:bits:" + producer)]
+
+    def _presence_keys(self, scope: str) -> list[str]:
+        return [self._key(scope, "presence"), self._key(scope, "presence:info")]
 
     def _primaries(self) -> list[redis.Redis]:
         if isinstance(self._client, RedisCluster):
@@ -907,6 +975,28 @@ class RedisStore:
         keys, args = self._audit_keys(scope, producer_id), [int(seq) for seq in sequences]
         self._call("audit_forget", lambda: self._s_audit_forget(keys=keys, args=args),
                    idempotent=True)
+
+    # -- consumer presence -----------------------------------------------------------------
+
+    def presence_beat(self, scope: str, member: str, info: bytes, ttl_ms: int) -> None:
+        check_presence_ttl(ttl_ms)
+        keys, args = self._presence_keys(scope), [_text(member), bytes(info), int(ttl_ms)]
+        # Idempotent: a rerun refreshes the same member with the same info.
+        self._call("presence_beat", lambda: self._s_presence_beat(keys=keys, args=args),
+                   idempotent=True)
+
+    def presence_live(self, scope: str) -> dict[str, bytes]:
+        keys = self._presence_keys(scope)
+        # Idempotent: pruning what has expired twice changes nothing.
+        reply = self._call("presence_live", lambda: self._s_presence_live(keys=keys),
+                           idempotent=True)
+        return {_untext(reply[i]): bytes(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    def presence_leave(self, scope: str, member: str) -> bool:
+        keys, args = self._presence_keys(scope), [_text(member)]
+        return bool(self._call("presence_leave",
+                               lambda: self._s_presence_leave(keys=keys, args=args),
+                               idempotent=True))
 
     # -- lifecycle -------------------------------------------------------------------------
 

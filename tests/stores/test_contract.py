@@ -690,3 +690,47 @@ def test_random_ring_operations_match_model(store: Store, ops: list[tuple]) -> N
         else:
             assert stats is None, op
     assert [n for n in store.ring_names() if n.startswith(prefix)] == sorted(model.rings)
+
+
+# -- consumer presence -------------------------------------------------------------------------
+
+
+def test_presence_beat_live_and_leave(store: Store) -> None:
+    assert store.presence_live("q") == {}
+    store.presence_beat("q", "c1", b'{"node":"a"}', 10_000)
+    store.presence_beat("q", "c2", b"", 10_000)
+    assert store.presence_live("q") == {"c1": b'{"node":"a"}', "c2": b""}
+    # A beat replaces the info.
+    store.presence_beat("q", "c1", b"new", 10_000)
+    assert store.presence_live("q")["c1"] == b"new"
+    assert store.presence_leave("q", "c1") is True
+    assert store.presence_leave("q", "c1") is False
+    assert store.presence_live("q") == {"c2": b""}
+    assert store.presence_live("other") == {}
+
+
+def test_presence_expires_unless_refreshed(store: Store) -> None:
+    store.presence_beat("q", "short", b"s", 300)
+    store.presence_beat("q", "kept", b"k", 300)
+    time.sleep(0.15)
+    store.presence_beat("q", "kept", b"k", 300)
+    time.sleep(0.25)
+    assert store.presence_live("q") == {"kept": b"k"}
+    assert store.presence_leave("q", "short") is False
+    time.sleep(0.2)
+    assert store.presence_live("q") == {}
+
+
+@pytest.mark.parametrize("name", AWKWARD_NAMES)
+def test_presence_awkward_names(store: Store, name: str) -> None:
+    store.presence_beat(name, name, name.encode("utf-8", "surrogatepass"), 10_000)
+    store.presence_beat(name + "x", "other", b"o", 10_000)
+    assert store.presence_live(name) == {name: name.encode("utf-8", "surrogatepass")}
+    assert store.presence_live(name + "x") == {"other": b"o"}
+
+
+@pytest.mark.parametrize("ttl", [0, -5])
+def test_presence_bad_ttl_is_rejected(store: Store, ttl: int) -> None:
+    with pytest.raises(ValueError):
+        store.presence_beat("q", "c", b"", ttl)
+    assert store.presence_live("q") == {}
