@@ -8,6 +8,7 @@ these at 3 a.m.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 from pathlib import Path
@@ -69,6 +70,78 @@ class SidecarConfig(_Section):
     native_expiry: bool = False
 
 
+#: Artemis ``MessageLoadBalancingType`` values (cluster-connection ``message-load-balancing``).
+LOAD_BALANCING_TYPES = ("OFF", "STRICT", "ON_DEMAND", "OFF_WITH_REDISTRIBUTION")
+
+
+class GroupConfig(_Section):
+    """``[mqguard.groups.<name>]``: independent brokers holding queues of the same names,
+    balanced like an Artemis cluster (docs/load-balancing.md)."""
+
+    #: Broker URLs (``stomp://host:port``...), at least one; the first is the local node
+    #: unless ``local`` names another.
+    nodes: list[str] = Field(min_length=1, max_length=64)
+    #: The node this process sends to under OFF / OFF_WITH_REDISTRIBUTION and falls back to.
+    local: str | None = None
+    #: Artemis ``message-load-balancing``: OFF, STRICT, ON_DEMAND (Artemis's default) or
+    #: OFF_WITH_REDISTRIBUTION.
+    message_load_balancing: str = "ON_DEMAND"
+    #: A consumer's presence lapses this long after its last heartbeat (beats every third).
+    presence_ttl_ms: int = Field(10_000, ge=300, le=3_600_000)
+    #: Queues the redistributor watches (it cannot list a broker's queues).
+    queues: list[str] = Field(default_factory=list, max_length=10_000)
+    #: How often the redistributor looks at every queue of the group, in ms.
+    redistribution_scan_period_ms: int = Field(1000, ge=10, le=3_600_000)
+
+    @field_validator("message_load_balancing", mode="before")
+    @classmethod
+    def _known_type(cls, value: object) -> object:
+        if isinstance(value, str):
+            normal = value.strip().upper().replace("-", "_")
+            if normal not in LOAD_BALANCING_TYPES:
+                raise ValueError(f"must be one of {', '.join(LOAD_BALANCING_TYPES)}")
+            return normal
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_urls(cls, value: list[str]) -> list[str]:
+        from urllib.parse import urlsplit
+
+        seen: set[str] = set()
+        for url in value:
+            parts = urlsplit(url)
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            where = _redact(url)
+            if not parts.scheme or not parts.hostname or port is None:
+                raise ValueError(f"node {where!r} must be a broker URL with scheme, host "
+                                 "and port (stomp://127.0.0.1:61613)")
+            where = f"{parts.scheme}://{parts.hostname}:{port}"
+            if where in seen:
+                raise ValueError(f"node {where!r} is listed twice")
+            seen.add(where)
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name.strip() or any(c in name for c in "#*"):
+                raise ValueError(f"queue {name!r} must be a non-blank name without wildcards")
+        return value
+
+    def local_node(self) -> str:
+        """URL of the local node."""
+        return self.local if self.local is not None else self.nodes[0]
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.local is not None and self.local not in self.nodes:
+            raise ValueError(f"local {self.local!r} is not one of the nodes")
+
+
 class CoreConfig(_Section):
     """``[mqguard]``: the process-wide settings."""
 
@@ -87,6 +160,8 @@ class CoreConfig(_Section):
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
     #: ``[mqguard.sidecar]`` table.
     sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
+    #: ``[mqguard.groups.<name>]``: broker groups for load balancing and redistribution.
+    groups: dict[str, GroupConfig] = Field(default_factory=dict)
 
     @field_validator("store")
     @classmethod
@@ -155,6 +230,14 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts).replace(".[", "[")
 
 
+_URL_PASSWORD = re.compile(r"(://[^:/@\s'\"]*):[^@/\s'\"]*@")
+
+
+def _redact(text: str) -> str:
+    """``text`` with every ``scheme://user:password@`` password replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
 def _validation_error(source: str, error: ValidationError,
                       prefix: tuple[str, ...] = ()) -> ConfigError:
     lines = [f"{source}: invalid configuration"]
@@ -162,9 +245,10 @@ def _validation_error(source: str, error: ValidationError,
         location = ".".join((*prefix, _format_location(tuple(item["loc"]))))
         value = item.get("input")
         if item["type"] == "extra_forbidden":
-            lines.append(f"  {location}: unknown key (value {value!r})")
+            lines.append(f"  {location}: unknown key (value {_redact(repr(value))})")
         else:
-            lines.append(f"  {location} = {value!r}: {item['msg']}")
+            # Broker URLs (groups) may carry credentials: never print a password.
+            lines.append(f"  {location} = {_redact(repr(value))}: {_redact(item['msg'])}")
     return ConfigError("\n".join(lines))
 
 

@@ -16,6 +16,7 @@ from mqguard.cli.dedup import dedup
 from mqguard.cli.demo import demo
 from mqguard.cli.docs import docs
 from mqguard.cli.reap import reap
+from mqguard.cli.redistribute import redistribute
 from mqguard.cli.sidecar import sidecar
 
 
@@ -42,4 +43,5 @@ main.add_command(config)
 main.add_command(dedup)
 main.add_command(docs)
 main.add_command(reap)
+main.add_command(redistribute)
 main.add_command(sidecar)
