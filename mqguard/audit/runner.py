@@ -22,6 +22,7 @@ from mqguard.audit.checks import (
     context_frame,
     message_facts,
 )
+from mqguard.audit.cross_checks import CROSS_CLASSES, CrossChecks, CrossInputs, prepare
 from mqguard.audit.events import expand_inputs, load_events
 from mqguard.audit.limits import resolve_limits
 from mqguard.audit.summary import (
@@ -52,6 +53,8 @@ class AuditOptions:
     checks: CheckOptions = field(default_factory=CheckOptions)
     #: Example message ids per class and address in the summary.
     examples: int = 5
+    #: Redis state and broker logs to check against the event log (--redis, --broker-log).
+    cross: CrossInputs = field(default_factory=CrossInputs)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     facts = message_facts(load_events(spark, files), options.checks)
     # Used twice (per-address figures, then the classification): computed once.
     facts = facts.persist(StorageLevel.MEMORY_AND_DISK)
+    cross: CrossChecks | None = None
     try:
         stats = [row.asDict() for row in address_stats(facts).collect()]
         last = max((s["last_ts"] for s in stats if s["last_ts"] is not None), default=None)
@@ -103,12 +107,20 @@ def run_audit(spark: SparkSession, options: AuditOptions,
         progress("checking messages")
         findings = classify(facts, context_frame(spark, limits, drained), watermark,
                             options.checks)
+        if options.cross.wanted:
+            cross = prepare(spark, files, options.cross, options.config,
+                            max_delivery_attempts=options.max_delivery_attempts,
+                            progress=progress)
+            findings = findings.unionByName(cross.findings)
         path = write_findings(findings, options.out)
     finally:
         facts.unpersist()
+        if cross is not None:
+            cross.close()
 
     progress("summarising")
-    classes = class_counts(read_findings(spark, path), options.examples)
+    classes = class_counts(read_findings(spark, path), options.examples,
+                           CROSS_CLASSES if cross is not None else ())
     summary = build_summary(
         files=files, stats=stats, classes=classes, watermark=watermark,
         watermark_source=source, out=options.out,
@@ -117,5 +129,7 @@ def run_audit(spark: SparkSession, options: AuditOptions,
                   "expiry_tolerance_ms": options.checks.expiry_tolerance_ms,
                   "assume_drained": options.checks.assume_drained},
         seconds={"audit": time.perf_counter() - started})
+    if cross is not None:
+        summary.update(cross.summary)
     write_summary(summary, options.out)
     return AuditResult(summary)

@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from mqguard.audit.checks import CLASSES, FINDINGS_SCHEMA
+from mqguard.audit.checks import CLASSES, FINDINGS_SCHEMA, FindingClass
 
 SUMMARY_VERSION = 1
 FINDINGS_DIR = "findings"
@@ -39,8 +39,12 @@ def read_findings(spark: SparkSession, path: str) -> DataFrame:
     return spark.read.parquet(path)
 
 
-def class_counts(findings: DataFrame, examples: int) -> dict[str, dict[str, Any]]:
+def class_counts(findings: DataFrame, examples: int,
+                 extra_classes: Sequence[FindingClass] = ()) -> dict[str, dict[str, Any]]:
     """Per class and address: the count and the first ``examples`` message ids (by time).
+
+    ``extra_classes``: classes of the checks that ran besides the event log's
+    (``--redis``, ``--broker-log``: :data:`mqguard.audit.cross_checks.CROSS_CLASSES`).
 
     One job: the count rides along each kept row as a window aggregate, so only
     ``examples`` rows per class and address reach the driver.
@@ -54,7 +58,7 @@ def class_counts(findings: DataFrame, examples: int) -> dict[str, dict[str, Any]
               .collect())
     classes: dict[str, dict[str, Any]] = {
         c.name: {"anomaly": c.anomaly, "description": c.description, "count": 0,
-                 "by_address": {}} for c in CLASSES}
+                 "by_address": {}} for c in (*CLASSES, *extra_classes)}
     for row in sorted(picked, key=lambda r: r["n"]):
         entry = classes[row["class"]]
         address = row["address"] or ""

@@ -100,6 +100,20 @@ def _progress(enabled: bool) -> Iterator[Any]:
               show_default=True, help="A delivery this long after the expiration is late.")
 @click.option("--examples", type=click.IntRange(0, 1000), default=5, show_default=True,
               help="Example message ids per class and address in the summary.")
+@click.option("--redis", "redis_url", metavar="URL",
+              help="Also check the guard's Redis state (redis://, rediss://, unix://, "
+                   "redis+cluster://): duplicate-ID rings and delivery counts against the "
+                   "event log. Read in parallel by Spark tasks; the password is never printed.")
+@click.option("--redis-namespace", default="mqg", show_default=True,
+              help="Key namespace of the store to read.")
+@click.option("--broker-log", "broker_logs", multiple=True, metavar="[KIND:]PATH",
+              help="Broker log (file or glob, plain or gzip; repeatable). KIND (activemq, "
+                   "rabbitmq, mosquitto) is detected from the lines unless given. Checks "
+                   "redeliveries against connection losses and broker dead letters against "
+                   "the event log.")
+@click.option("--tolerance-ms", type=click.IntRange(min=0), default=2000, show_default=True,
+              help="With --redis / --broker-log: events of different processes and broker "
+                   "log lines this close in time may be in either order.")
 @click.option("--master", default="local[*]", show_default=True,
               help="Spark master URL (local[N], spark://..., yarn, k8s://...).")
 @click.option("--shuffle-partitions", type=click.IntRange(min=1),
@@ -112,7 +126,8 @@ def _progress(enabled: bool) -> Iterator[Any]:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status tells.")
 def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark: int | None,
           grace_ms: int, assume_drained: bool, max_delivery_attempts: int | None,
-          expiry_tolerance_ms: int, examples: int, master: str,
+          expiry_tolerance_ms: int, examples: int, redis_url: str | None,
+          redis_namespace: str, broker_logs: tuple[str, ...], tolerance_ms: int, master: str,
           shuffle_partitions: int | None, driver_memory: str, spark_conf: tuple[str, ...],
           as_json: bool, quiet: bool) -> None:
     """Audit event logs: was anything lost, duplicated, over-delivered or late?
@@ -123,7 +138,10 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
 
     Anomalies: lost, unexpected, duplicated, over_delivered, early_dead_letter,
     dead_letter_not_moved, expiry_not_moved, late_delivery. Reported, not
-    errors: unseen, recovered, indeterminate, unguarded.
+    errors: unseen, recovered, indeterminate, unguarded. With --redis also:
+    ring_mismatch, rejected_without_twin, count_over_max, count_behind,
+    dead_letter_untraced (and count_stale, not an error). With --broker-log
+    also: unexplained_redelivery, broker_dead_letter_unrecorded.
 
     Exit status: 0 no anomalies, 1 anomalies found, 2 usage error, 3 the audit
     could not run.
@@ -135,6 +153,7 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
         from pyspark import SparkContext
 
         from mqguard.audit.checks import CheckOptions
+        from mqguard.audit.cross_checks import CrossInputs, validate
         from mqguard.audit.events import AuditInputError, expand_inputs
         from mqguard.audit.runner import AuditOptions, run_audit
         from mqguard.audit.session import build_session
@@ -151,15 +170,18 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
         raise click.UsageError(str(exc)) from None
     if not inputs:
         inputs = (config.core.event_log.directory,)
+    cross = CrossInputs(redis_url=redis_url, redis_namespace=redis_namespace,
+                        broker_logs=broker_logs, tolerance_ms=tolerance_ms)
     try:
         expand_inputs(inputs)  # a typo is a usage error before Spark takes seconds to start
+        validate(cross)
     except AuditInputError as exc:
         raise click.UsageError(str(exc)) from None
     options = AuditOptions(
         inputs=inputs, out=out, config=config, watermark=watermark, grace_ms=grace_ms,
         max_delivery_attempts=max_delivery_attempts, examples=examples,
         checks=CheckOptions(expiry_tolerance_ms=expiry_tolerance_ms,
-                            assume_drained=assume_drained))
+                            assume_drained=assume_drained), cross=cross)
     os.makedirs(out, exist_ok=True)
     log_path = os.path.join(out, "spark.log")
     # A session already running in this process (a notebook, a test) is used, not stopped.
