@@ -51,6 +51,7 @@ from mqguard.balancing import (
     node_name,
 )
 from mqguard.balancing_selector import SelectorError, compile_selector
+from mqguard.digest import id_digest
 from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER, Message, parse_wire_int
 from mqguard.pipeline import Guard
 from mqguard.reaper import _Collector
@@ -266,7 +267,8 @@ class Redistributor:
         cache = bridge_cache(queue)
         bridge_ids = [self._bridge_id(source, delivery.message) for delivery in batch]
         # (1) Copies an earlier attempt got confirmed: only the ack is missing.
-        done = self.guard.store.ring_contains(cache, bridge_ids)
+        # Digests, as duplicate_detection keeps them, so both read the same cache.
+        done = self.guard.store.ring_contains(cache, [id_digest(b) for b in bridge_ids])
         planned: dict[str, list[tuple[Delivery, Message, str]]] = {}
         finished: list[tuple[Delivery, str, str]] = []
         for delivery, bridge_id, already in zip(batch, bridge_ids, done, strict=True):
@@ -286,7 +288,8 @@ class Redistributor:
             sent.extend((delivery, bridge_id, target) for delivery, _, bridge_id in items)
         # (3) Recorded as done, (4) originals acknowledged.
         if sent:
-            self.guard.store.ring_check_and_add(cache, [b for _, b, _ in sent], capacity)
+            self.guard.store.ring_check_and_add(cache, [id_digest(b) for _, b, _ in sent],
+                                                capacity)
         events = self.guard.events
         for delivery, bridge_id, target in [*finished, *sent]:
             adapter.ack(delivery)

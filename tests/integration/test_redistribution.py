@@ -1,0 +1,185 @@
+"""Redistribution across two real ActiveMQ nodes (Artemis BindingsImpl.redistribute).
+
+A backlog stranded on node A (no consumer there) moves to node B, where a consumer
+announced itself through the store, once ``redistribution-delay`` has passed and not
+before; selectors are honoured; a copy confirmed by an earlier attempt is not sent
+twice. The SIGKILL test with the Spark audit is tests/audit/test_redistribution_crash.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mqguard.adapter import SubscribeOptions
+from mqguard.balancing import GroupConsumer, GroupProducer, node_name
+from mqguard.config import MqguardConfig, parse_config
+from mqguard.digest import id_digest
+from mqguard.events import read_events
+from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER, Message
+from mqguard.pipeline import Guard
+from mqguard.producer import GuardedProducer
+from mqguard.redistributor import (
+    HOPS_HEADER,
+    REDISTRIBUTED_EVENT,
+    Redistributor,
+    bridge_cache,
+)
+from mqguard.registry import open_adapter
+from tests.integration.test_load_balancing import Received, drain
+
+pytestmark = pytest.mark.activemq
+pytest_plugins = ["mqguard.testing.cluster"]
+
+
+def make_config(url_a: str, url_b: str, queue: str, tmp_path: Path, *, delay: int,
+                mode: str = "OFF_WITH_REDISTRIBUTION") -> MqguardConfig:
+    return parse_config({
+        "mqguard": {"node-id": "redistribution-test",
+                    "event-log": {"directory": str(tmp_path / "events"),
+                                  "flush-interval-ms": 20},
+                    "groups": {"g": {"nodes": [url_a, url_b], "message-load-balancing": mode,
+                                     "queues": [queue]}}},
+        "address-settings": {queue: {"redistribution-delay": delay}},
+    })
+
+
+def urls(pair: tuple[Any, Any]) -> tuple[str, str]:
+    return pair[0].urls["stomp"], pair[1].urls["stomp"]
+
+
+def send_backlog(guard: Guard, queue: str, count: int, **headers: str) -> list[Message]:
+    with GroupProducer("g", guard=guard, producer_id=f"p-{headers}") as producer:
+        return [producer.send(queue, f"{headers}-{i}", headers=headers).message
+                for i in range(count)]
+
+
+class Timed(Received):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_at: float | None = None
+
+    def __call__(self, message: Message) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        super().__call__(message)
+
+
+def test_stranded_backlog_moves_after_the_delay_and_not_before(
+        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+    url_a, url_b = urls(activemq_pair)
+    delay_ms = 2000
+    config = make_config(url_a, url_b, unique_name, tmp_path, delay=delay_ms)
+    received = Timed()
+    stop = threading.Event()
+    with Guard(config) as guard:
+        sent = send_backlog(guard, unique_name, 30)
+        redistributor = Redistributor(guard, "g", batch_size=7)
+        started = time.monotonic()
+        runner = threading.Thread(target=redistributor.run, args=(stop, 100), daemon=True)
+        runner.start()
+        try:
+            with GroupConsumer("g", url_b, unique_name, received, guard):
+                time.sleep(delay_ms / 1000 * 0.6)
+                assert received.messages == [], "moved before redistribution-delay"
+                assert received.wait(30, timeout=30) == 30
+        finally:
+            stop.set()
+            runner.join(10)
+            redistributor.close()
+    assert received.first_at is not None
+    assert received.first_at - started >= delay_ms / 1000 - 0.05
+    # Everything moved once, with its identity, a bridge duplicate id and its hop count.
+    assert sorted(m.message_id for m in received.messages) == sorted(m.message_id for m in sent)
+    assert {m.headers[HOPS_HEADER] for m in received.messages} == {"1"}
+    assert {m.headers[BRIDGE_DUPLICATE_ID_HEADER] for m in received.messages} == {
+        f"{m.message_id}:0" for m in sent}
+    assert drain(url_a, unique_name, first_s=0.5) == []
+    moves = [e for e in read_events(tmp_path / "events") if e["type"] == REDISTRIBUTED_EVENT]
+    assert len(moves) == 30
+    assert {(e["source_node"], e["target_node"]) for e in moves} == {
+        (node_name(url_a), node_name(url_b))}
+
+
+def test_nothing_moves_when_delay_is_minus_one_or_mode_forbids_it(
+        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+    url_a, url_b = urls(activemq_pair)
+    received = Received()
+    cases = [("OFF_WITH_REDISTRIBUTION", -1, "never"), ("STRICT", 0, "off"), ("OFF", 0, "off")]
+    for mode, delay, state in cases:
+        config = make_config(url_a, url_b, unique_name, tmp_path, delay=delay, mode=mode)
+        with Guard(config) as guard:
+            if mode == "OFF_WITH_REDISTRIBUTION":
+                send_backlog(guard, unique_name, 5)
+            with GroupConsumer("g", url_b, unique_name, received, guard):
+                redistributor = Redistributor(guard, "g")
+                try:
+                    results = redistributor.scan()
+                finally:
+                    redistributor.close()
+                assert {r.state for r in results} == {state}
+                time.sleep(0.3)
+    assert received.messages == []
+    assert len(drain(url_a, unique_name)) == 5
+
+
+def test_consumer_filters_are_honoured_and_nothing_goes_back(
+        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+    url_a, url_b = urls(activemq_pair)
+    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    red_on_b = Received()
+    with Guard(config) as guard:
+        send_backlog(guard, unique_name, 10, color="red")
+        send_backlog(guard, unique_name, 10, color="blue")
+        red = SubscribeOptions(selector="color = 'red'")
+        with GroupConsumer("g", url_b, unique_name, red_on_b, guard, options=red):
+            redistributor = Redistributor(guard, "g")
+            try:
+                results = {r.node: r for r in redistributor.scan()}
+                # B has a consumer: nothing is taken from it (the originating queue is
+                # never a target, and a queue with consumers is never a source).
+                assert results[node_name(url_b)].state == "has-consumers"
+                assert results[node_name(url_a)].moved == 10
+                assert red_on_b.wait(10) == 10
+                assert redistributor.scan()[0].moved == 0
+            finally:
+                redistributor.close()
+    assert {m.headers["color"] for m in red_on_b.messages} == {"red"}
+    left = drain(url_a, unique_name)
+    assert sorted(m.body for m in left) == sorted(f"{{'color': 'blue'}}-{i}".encode()
+                                                  for i in range(10))
+
+
+def test_a_copy_confirmed_earlier_is_not_sent_again(
+        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+    """The state a crash between recording a copy and acknowledging its original leaves:
+    the next attempt only acknowledges the original. A re-send of a copy through a guard
+    is refused by duplicate_detection against the same BRIDGE cache."""
+    url_a, url_b = urls(activemq_pair)
+    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    received = Received()
+    with Guard(config) as guard:
+        sent = send_backlog(guard, unique_name, 6)
+        capacity = guard.settings.resolve(unique_name).id_cache_size
+        guard.store.ring_check_and_add(bridge_cache(unique_name),
+                                       [id_digest(f"{sent[0].message_id}:0")], capacity)
+        with GroupConsumer("g", url_b, unique_name, received, guard):
+            redistributor = Redistributor(guard, "g")
+            try:
+                moved = sum(r.moved for r in redistributor.scan())
+            finally:
+                redistributor.close()
+            assert moved == 5
+            assert received.wait(5) == 5
+            time.sleep(0.5)
+        assert sent[0].message_id not in {m.message_id for m in received.messages}
+        assert drain(url_a, unique_name) == []
+        copy = received.messages[0]
+        with GuardedProducer(open_adapter(url_b), guard) as producer:
+            again = producer.send_message(copy)
+        assert not again.sent
+    assert drain(url_b, unique_name, first_s=0.5) == []
