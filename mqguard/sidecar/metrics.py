@@ -58,6 +58,7 @@ class SidecarMetrics:
             "were lost.", ["phase"], registry=self.registry)
         # Children resolved once: label lookups cost more than the increments.
         self.frames_in: dict[str, dict[str, Any]] = {"client": {}, "broker": {}}
+        self._verdicts: dict[tuple[str, str], Any] = {}
         self.send_guard = self.guard_seconds.labels("send")
         self.deliver_guard = self.guard_seconds.labels("deliver")
 
@@ -66,6 +67,13 @@ class SidecarMetrics:
         child = cache.get(command)
         if child is None:
             child = cache[command] = self.frames.labels(direction, command)
+        child.inc()
+
+    def message(self, path: str, verdict: str) -> None:
+        """Count one message on ``path`` (send, deliver) with the guard's verdict."""
+        child = self._verdicts.get((path, verdict))
+        if child is None:
+            child = self._verdicts[path, verdict] = self.messages.labels(path, verdict)
         child.inc()
 
     def render(self) -> bytes:

@@ -56,6 +56,7 @@ from mqguard.sidecar.frames import (
     FrameError,
     encode,
 )
+from mqguard.sidecar.outbox import Outbox
 from mqguard.sidecar.receipts import CHAIN_RECEIPT_PREFIX, ReceiptChain
 from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
 from mqguard.verdict import Action
@@ -119,6 +120,7 @@ class ProxySession:
         self.label = f"s{next(_session_ids)}"
         self._client_reader = reader
         self._client_writer = writer
+        self._client_out = Outbox(writer, asyncio.get_running_loop())
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         limits = sidecar.limits
@@ -129,6 +131,7 @@ class ProxySession:
         self._broker_source: _FrameSource | None = None
         self._broker_reader: asyncio.StreamReader | None = None
         self._broker_writer: asyncio.StreamWriter | None = None
+        self._broker_out: Outbox | None = None
         self.version = "1.0"
         self.broker = "unknown"
         self.leg: UpstreamLeg | None = None
@@ -190,6 +193,10 @@ class ProxySession:
         if self.leg is not None:
             self.leg.lost(outcome)
             self.leg.close()
+        for out in (self._broker_out, self._client_out):
+            if out is not None:
+                with contextlib.suppress(Exception):
+                    out.flush()
         for writer in (self._broker_writer, self._client_writer):
             if writer is None:
                 continue
@@ -247,6 +254,7 @@ class ProxySession:
             self._send_error("broker unreachable", detail=f"{upstream.where}: {exc}")
             return False
         self._broker_reader, self._broker_writer = reader, writer
+        self._broker_out = Outbox(writer, asyncio.get_running_loop())
         self._broker_source = _FrameSource(reader, self._broker_decoder,
                                            self.metrics.bytes.labels("broker"),
                                            after_read=_quick_ack(writer))
@@ -354,7 +362,7 @@ class ProxySession:
                 self._on_client_frame(item)
                 if self._client_done:
                     return "disconnect"
-                await self._drain(self._broker_writer)
+                await self._drain(self._broker_out)
         except FrameError as exc:
             self._protocol_error(exc)
             return "protocol-error"
@@ -377,7 +385,7 @@ class ProxySession:
                 self.metrics.frame("broker", item.command)
                 if self._on_broker_frame(item):
                     return "broker-error"
-                await self._drain(self._client_writer)
+                await self._drain(self._client_out)
         except FrameError as exc:
             self.metrics.protocol_errors.labels("broker").inc()
             log.warning("session %s: malformed frame from the broker: %s", self.label, exc)
@@ -397,26 +405,27 @@ class ProxySession:
             yield item
 
     @staticmethod
-    async def _drain(writer: asyncio.StreamWriter | None) -> None:
+    async def _drain(out: Outbox | None) -> None:
         # Back-pressure: wait only when the peer is not keeping up.
-        if writer is not None and writer.transport.get_write_buffer_size() > 1 << 20:
-            await writer.drain()
+        if out is not None and out.buffered() > 1 << 20:
+            out.flush()
+            await out.writer.drain()
 
     # -- writing -------------------------------------------------------------------------
 
     def _write_client(self, frame: Frame) -> None:
-        self._client_writer.write(encode(frame, self.version))
+        self._client_out.write(encode(frame, self.version))
 
     def _write_client_bytes(self, data: bytes) -> None:
-        self._client_writer.write(data)
+        self._client_out.write(data)
 
     def _write_broker(self, frame: Frame) -> None:
-        if self._broker_writer is not None:
-            self._broker_writer.write(encode(frame, self.version))
+        if self._broker_out is not None:
+            self._broker_out.write(encode(frame, self.version))
 
     def _write_broker_bytes(self, data: bytes) -> None:
-        if self._broker_writer is not None:
-            self._broker_writer.write(data)
+        if self._broker_out is not None:
+            self._broker_out.write(data)
 
     def _client_receipt(self, receipt_id: str) -> None:
         self._write_client(Frame("RECEIPT", [("receipt-id", receipt_id)]))
@@ -538,7 +547,7 @@ class ProxySession:
         verdict = self.guard.decide_send(message, ctx)
         self.metrics.send_guard.observe(time.perf_counter() - started)
         action = verdict.action
-        self.metrics.messages.labels("send", action.value).inc()
+        self.metrics.message("send", action.value)
         if action is Action.REJECT:
             if transaction is not None:
                 # Artemis: the transaction becomes rollback-only; its COMMIT fails.
@@ -661,7 +670,7 @@ class ProxySession:
         if reason is not None:
             self._write_broker(Frame("ABORT", [("transaction", tx_id)]))
             self.guard.rolled_back(state, ctx, reason)
-            self.metrics.messages.labels("commit", "rolled-back").inc()
+            self.metrics.message("commit", "rolled-back")
             self._fail(f"transaction {tx_id} rolled back: {reason}"[:200],
                        receipt=frame.get("receipt"),
                        detail=f"COMMIT of {tx_id} failed, nothing of it was sent: {reason}")
@@ -803,9 +812,9 @@ class ProxySession:
         ctx = self.guard.open_delivery(self.leg, delivery, queue=sub.queue)
         self.metrics.deliver_guard.observe(time.perf_counter() - started)
         if ctx is None:
-            self.metrics.messages.labels("deliver", "taken").inc()
+            self.metrics.message("deliver", "taken")
             return
-        self.metrics.messages.labels("deliver", "continue").inc()
+        self.metrics.message("deliver", "continue")
         self._write_client(frame)
         if sub.mode == "auto":
             self.guard.finish_delivery(self.leg, delivery, ctx, None)
