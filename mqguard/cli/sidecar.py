@@ -51,11 +51,15 @@ class JsonLogFormatter(logging.Formatter):
 @click.option("--reap", "reap_addresses", multiple=True, metavar="ADDRESS",
               help="Queue the expiry reaper scans from the start (repeatable); addresses that "
                    "receive expiring messages through the sidecar are added automatically.")
+@click.option("--redistribute", "redistribute_groups", multiple=True, metavar="GROUP",
+              help="Also run the redistributor of this [mqguard.groups.<name>] (repeatable; "
+                   "docs/load-balancing.md).")
 @click.option("--log-format", type=click.Choice(("text", "json")), default="text",
               show_default=True, help="Log lines as text or as one JSON object each.")
 def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
-            upstream_insecure: bool, reap_addresses: tuple[str, ...], log_format: str) -> None:
+            upstream_insecure: bool, reap_addresses: tuple[str, ...],
+            redistribute_groups: tuple[str, ...], log_format: str) -> None:
     """Run the transparent STOMP proxy in front of a broker.
 
     Unmodified STOMP 1.0-1.2 clients connect here instead of to the broker and get
@@ -73,6 +77,11 @@ def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | No
         target = parse_upstream(upstream, cafile=upstream_ca, insecure=upstream_insecure)
         listen_on = parse_hostport(listen, "--listen")
         admin_on = parse_hostport(admin, "--admin") if admin else None
+        if redistribute_groups:
+            from mqguard.balancing import group_config
+
+            for group in redistribute_groups:
+                group_config(config, group)
     except MqguardError as exc:
         raise click.ClickException(str(exc)) from None
     tls = None
@@ -80,7 +89,7 @@ def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | No
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(tls_cert, tls_key)
     proxy = Sidecar(config, target, listen=listen_on, admin=admin_on, tls=tls,
-                    reap_addresses=reap_addresses)
+                    reap_addresses=reap_addresses, redistribute=redistribute_groups)
     try:
         asyncio.run(_serve(proxy))
     except OSError as exc:

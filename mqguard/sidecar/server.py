@@ -4,7 +4,9 @@
 :class:`~mqguard.sidecar.session.ProxySession`; one failing never disturbs
 the others. The guard (store, event log, plugins) is shared by all sessions;
 its redelivery timer is the sidecar's redelivery scheduler. The expiry reaper
-runs on a thread of its own over a separate broker connection.
+runs on a thread of its own over a separate broker connection, and so does the
+redistributor of each broker group given with ``redistribute``
+(docs/load-balancing.md).
 
 Guard decisions run on the event loop: with a Redis store every SEND and
 MESSAGE costs one Redis round trip at most (usually none, see the plugins), and
@@ -91,7 +93,8 @@ class Sidecar:
                  admin: tuple[str, int] | None = None,
                  tls: ssl.SSLContext | None = None,
                  reap_addresses: Sequence[str] = (),
-                 guard: Guard | None = None) -> None:
+                 guard: Guard | None = None,
+                 redistribute: Sequence[str] = ()) -> None:
         self.mqguard_config = config
         self.config: SidecarConfig = config.core.sidecar
         self.upstream = upstream
@@ -114,6 +117,10 @@ class Sidecar:
         self._reaper: object | None = None
         self._reaper_stop = threading.Event()
         self._reaper_thread: threading.Thread | None = None
+        #: Broker groups whose queues this sidecar redistributes (docs/load-balancing.md).
+        self._redistribute = list(dict.fromkeys(redistribute))
+        self._redistributors: list[object] = []
+        self._redistributor_threads: list[threading.Thread] = []
         self.port = 0
         self.admin_port = 0
 
@@ -129,6 +136,7 @@ class Sidecar:
             self._admin = await asyncio.start_server(self._serve_admin, *self.admin_on)
             self.admin_port = self._admin.sockets[0].getsockname()[1]
         self._start_reaper()
+        self._start_redistributors()
         log.info("sidecar listening on %s:%d%s, upstream %s%s", host, self.port,
                  " (TLS)" if self.tls else "", self.upstream.where,
                  f", admin on {self.admin_on[0]}:{self.admin_port}"
@@ -146,6 +154,7 @@ class Sidecar:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.config.drain_timeout_ms / 1000 + 3)
         self._stop_reaper()
+        self._stop_redistributors()
         if self._admin is not None:
             self._admin.close()
         if self._owns_guard:
@@ -220,6 +229,49 @@ class Sidecar:
         self._reaper_stop.set()
         if self._reaper_thread is not None:
             self._reaper_thread.join(10)
+
+    # -- redistributor -------------------------------------------------------------------
+
+    def _start_redistributors(self) -> None:
+        """One thread per group given with ``redistribute`` (ConfigError for unknown
+        groups), over connections of its own; the stop event is the reaper's."""
+        if not self._redistribute:
+            return
+        from mqguard.balancing import group_config
+        from mqguard.redistributor import Redistributor
+
+        for name in self._redistribute:
+            group_config(self.mqguard_config, name)  # unknown group: ConfigError now
+        from prometheus_client import Counter
+
+        moved = Counter("mqguard_redistributed_total", "Messages the sidecar's redistributor "
+                        "moved, by group, source node and target node.",
+                        ["group", "source", "target"], registry=self.metrics.registry)
+        for name in self._redistribute:
+            redistributor = Redistributor(
+                self.guard, name,
+                on_move=lambda group, queue, source, target, count: moved.labels(
+                    group, source, target).inc(count))
+            self._redistributors.append(redistributor)
+
+            def run(redistributor: Redistributor = redistributor) -> None:
+                try:
+                    redistributor.run(self._reaper_stop)
+                except Exception:
+                    log.exception("redistributor of group %s stopped by an error",
+                                  redistributor.group_name)
+                finally:
+                    redistributor.close()
+
+            thread = threading.Thread(target=run, name=f"mqguard-redistributor-{name}",
+                                      daemon=True)
+            thread.start()
+            self._redistributor_threads.append(thread)
+
+    def _stop_redistributors(self) -> None:
+        self._reaper_stop.set()
+        for thread in self._redistributor_threads:
+            thread.join(10)
 
     # -- admin port ----------------------------------------------------------------------
 

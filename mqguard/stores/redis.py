@@ -980,7 +980,8 @@ class RedisStore:
 
     def presence_beat(self, scope: str, member: str, info: bytes, ttl_ms: int) -> None:
         check_presence_ttl(ttl_ms)
-        keys, args = self._presence_keys(scope), [_text(member), bytes(info), int(ttl_ms)]
+        keys = self._presence_keys(scope)
+        args: list[bytes | int] = [_text(member), bytes(info), int(ttl_ms)]
         # Idempotent: a rerun refreshes the same member with the same info.
         self._call("presence_beat", lambda: self._s_presence_beat(keys=keys, args=args),
                    idempotent=True)

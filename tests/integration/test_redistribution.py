@@ -183,3 +183,27 @@ def test_a_copy_confirmed_earlier_is_not_sent_again(
             again = producer.send_message(copy)
         assert not again.sent
     assert drain(url_b, unique_name, first_s=0.5) == []
+
+
+def test_sidecar_hosts_the_redistributor_with_metrics(
+        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+    import urllib.request
+
+    from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+
+    url_a, url_b = urls(activemq_pair)
+    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    received = Received()
+    with Guard(config) as guard:
+        send_backlog(guard, unique_name, 12)
+        with GroupConsumer("g", url_b, unique_name, received, guard):
+            sidecar = Sidecar(config, parse_upstream(url_a), admin=("127.0.0.1", 0),
+                              guard=guard, redistribute=["g"])
+            with SidecarThread(sidecar) as running:
+                assert received.wait(12) == 12
+                url = f"http://127.0.0.1:{running.admin_port}/metrics"
+                metrics = urllib.request.urlopen(url, timeout=5).read().decode()
+    line = (f'mqguard_redistributed_total{{group="g",source="{node_name(url_a)}",'
+            f'target="{node_name(url_b)}"}} 12.0')
+    assert line in metrics
+    assert drain(url_a, unique_name, first_s=0.5) == []
