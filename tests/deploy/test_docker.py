@@ -1,0 +1,127 @@
+"""deploy/docker: the sidecar image's Dockerfile, checked without a Docker engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from mqguard.cli import main
+from mqguard.config import parse_config
+from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+from tests.deploy.helpers import DEPLOY, REPO, hostport, load_toml_text, sidecar_options
+
+DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def parsed() -> DockerfileParser:
+    parser = DockerfileParser(fileobj=DOCKERFILE.open("rb"))
+    assert parser.structure, "Dockerfile parsed to nothing"
+    return parser
+
+
+def _instructions(parser: DockerfileParser, name: str) -> list[str]:
+    return [item["value"] for item in parser.structure if item["instruction"] == name]
+
+
+def _final_stage(parser: DockerfileParser) -> list[dict[str, str]]:
+    starts = [i for i, item in enumerate(parser.structure) if item["instruction"] == "FROM"]
+    return parser.structure[starts[-1]:]
+
+
+def test_base_is_slim_python_matching_the_project(parsed: DockerfileParser) -> None:
+    args = dict(re.match(r"(\w+)=(\S+)", v).groups() for v in _instructions(parsed, "ARG")
+                if "=" in v)
+    image = args["PYTHON_IMAGE"]
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", image), image
+    assert _instructions(parsed, "FROM")[-1] == "${PYTHON_IMAGE}"
+
+
+def test_runs_as_a_non_root_user(parsed: DockerfileParser) -> None:
+    users = [item["value"] for item in _final_stage(parsed) if item["instruction"] == "USER"]
+    assert users, "the final stage sets no USER: the sidecar would run as root"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0")
+    assert int(user) == 10001  # the k8s manifest's runAsUser (test_k8s checks that side)
+
+
+def test_entrypoint_and_cmd_are_a_real_sidecar_command_line(parsed: DockerfileParser) -> None:
+    entrypoint = json.loads(_instructions(parsed, "ENTRYPOINT")[-1])
+    assert entrypoint[0] == "mqguard"
+    assert entrypoint[1] in main.commands and entrypoint[1] == "sidecar"
+    cmd = json.loads(_instructions(parsed, "CMD")[-1])
+    options = sidecar_options(entrypoint[2:] + cmd)  # raises on an unknown option
+    assert hostport(options["listen"])[0] == "0.0.0.0"  # reachable from outside the container
+    assert options["admin"], "no admin port: the HEALTHCHECK would have nothing to ask"
+    assert options["config_path"] == "/etc/mqguard/mqguard.toml"
+    exposed = {int(p) for v in _instructions(parsed, "EXPOSE") for p in v.split()}
+    assert {hostport(options["listen"])[1], hostport(options["admin"])[1]} <= exposed
+
+
+def test_healthcheck_asks_the_admin_health_endpoint(parsed: DockerfileParser) -> None:
+    health = _instructions(parsed, "HEALTHCHECK")[-1]
+    url = re.search(r"http://127\.0\.0\.1:(\d+)/health", health)
+    assert url, health
+    cmd = json.loads(_instructions(parsed, "CMD")[-1])
+    assert int(url.group(1)) == hostport(sidecar_options(cmd)["admin"])[1]
+
+
+def test_copied_files_exist_and_pass_the_dockerignore(parsed: DockerfileParser) -> None:
+    allowed = [line[1:].rstrip("/") for line in
+               (DEPLOY / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+               if line.startswith("!")]
+    for value in _instructions(parsed, "COPY"):
+        if value.startswith("--from"):
+            continue
+        *sources, _ = value.split()
+        for source in sources:
+            assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+            assert source.rstrip("/") in allowed, f"COPY {source}: excluded by .dockerignore"
+
+
+def test_baked_in_configuration_loads() -> None:
+    config = load_toml_text((DEPLOY / "docker" / "mqguard.toml").read_text(),
+                            "deploy/docker/mqguard.toml")
+    assert config.core.store == "memory"
+    assert not Path(config.core.event_log.directory).is_absolute()  # under WORKDIR
+
+
+def _health_command(parsed: DockerfileParser, port: int) -> list[str]:
+    health = _instructions(parsed, "HEALTHCHECK")[-1]
+    exec_form = json.loads(health[health.index("CMD") + 3:].strip())
+    assert exec_form[0] == "python"
+    return [sys.executable, *(arg.replace(":9464/", f":{port}/") for arg in exec_form[1:])]
+
+
+def test_healthcheck_command_follows_the_sidecars_health(parsed: DockerfileParser,
+                                                         tmp_path: Path) -> None:
+    # The HEALTHCHECK's own command, run against a real sidecar: 0 while the broker port
+    # accepts connections, non-zero (503) once it does not.
+    broker = socket.create_server(("127.0.0.1", 0))
+    config = parse_config({"mqguard": {"message-expiry-scan-period": -1, "event-log": {
+        "directory": str(tmp_path / "events")}}})
+    upstream = parse_upstream(f"stomp://127.0.0.1:{broker.getsockname()[1]}")
+    proxy = Sidecar(config, upstream, admin=("127.0.0.1", 0))
+    with SidecarThread(proxy) as running:
+        command = _health_command(parsed, running.admin_port)
+        healthy = subprocess.run(command, capture_output=True, timeout=30)
+        assert healthy.returncode == 0, healthy.stderr
+        broker.close()
+        unhealthy = subprocess.run(command, capture_output=True, timeout=30)
+        assert unhealthy.returncode != 0
+        assert b"503" in unhealthy.stderr, unhealthy.stderr
+
+
+def test_usage_comment_builds_from_the_repository_root() -> None:
+    text = DOCKERFILE.read_text()
+    build = next(line for line in text.splitlines() if "docker build" in line)
+    words = shlex.split(build.lstrip("# "))
+    assert words[words.index("-f") + 1] == "deploy/docker/Dockerfile" and words[-1] == "."
