@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -152,12 +153,15 @@ def _capacities(spark: SparkSession, events: DataFrame, state: RedisState,
     ).filter(F.col("capacity") > 0)
 
 
-def _digest_udf() -> object:
-    @F.udf(StringType())
-    def digest(value: str | None) -> str | None:
-        return None if value is None else id_digest(value).hex()
+# No annotations: PySpark reads them to guess a pandas UDF (and warns when it cannot).
+def _digest_hex(value):  # type: ignore[no-untyped-def]  # noqa: ANN001
+    return None if value is None else id_digest(value).hex()
 
-    return digest
+
+def _digest_udf() -> Any:
+    # A plain Python UDF (no Arrow: pyarrow is not a dependency), run only on the
+    # events that carry a duplicate id.
+    return F.udf(_digest_hex, StringType(), useArrow=False)
 
 
 def ring_findings(events: DataFrame, state: RedisState, capacities: DataFrame,

@@ -110,7 +110,8 @@ def test_activemq_lines() -> None:
     assert dlq is not None and dlq[1] == "dead_letter"
     assert (dlq[2]["id"], dlq[2]["dest"]) == ("ID:vm-1-1:1:1:1:7", "queue://orders")
     expired = parse_line(ACTIVEMQ_PLUGIN[1], "activemq")
-    assert expired is not None and expired[1] == "expired" and expired[2]["id"] == "ID:vm-1-1:1:1:1:8"
+    assert expired is not None and expired[1] == "expired"
+    assert expired[2]["id"] == "ID:vm-1-1:1:1:1:8"
     closed = parse_line(ACTIVEMQ_PLUGIN[2], "activemq")
     assert closed is not None and closed[1:] == (
         "close", {"connection": "tcp://127.0.0.1:40000", "id": None, "dest": None})
