@@ -134,6 +134,10 @@ def _range(field: FieldInfo) -> str:
                                         (annotated_types.Lt, "lt", "<")):
             if isinstance(item, kind):
                 bounds.append(f"{symbol} {getattr(item, attribute)}")
+        if isinstance(item, annotated_types.MinLen):
+            bounds.append(f"at least {item.min_length} item(s)")
+        if isinstance(item, annotated_types.MaxLen):
+            bounds.append(f"at most {item.max_length} items")
     return ", ".join(bounds)
 
 
@@ -156,13 +160,24 @@ def model_rows(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo, str]]:
         yield _key(name, field), field, field.description or comments.get(name, "")
 
 
+def _sub_model(annotation: Any) -> tuple[type[BaseModel], bool] | None:
+    """``(model, keyed)`` when a field is a sub-table (``keyed``: a ``<name>`` map of them)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    args = typing.get_args(annotation)
+    if (typing.get_origin(annotation) is dict and len(args) == 2
+            and isinstance(args[1], type) and issubclass(args[1], BaseModel)):
+        return args[1], True
+    return None
+
+
 def _settings_table(model: type[BaseModel]) -> list[str]:
     lines = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
     for key, field, description in model_rows(model):
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if _sub_model(field.annotation):
             continue  # a sub-table: documented in its own section
-        lines.append(f"| `{key}` | {_type_name(annotation)} | {toml_value(_default(field))} | "
+        default = "required" if field.is_required() else toml_value(_default(field))
+        lines.append(f"| `{key}` | {_type_name(field.annotation)} | {default} | "
                      f"{_range(field)} | {_cell(description)} |")
     return lines
 
@@ -197,11 +212,21 @@ def plugin_option_models() -> list[tuple[str, type[BaseModel]]]:
 
 
 def config_sections() -> list[tuple[str, type[BaseModel]]]:
-    """``(TOML table, model)`` of the fixed tables of ``mqguard.toml``."""
-    from mqguard.config import CoreConfig, EventLogConfig, SidecarConfig
+    """``(TOML table, model)`` of ``[mqguard]`` and every table below it, found from the
+    models' fields (a ``dict[str, Model]`` field is a ``<name>`` map of tables)."""
+    from mqguard.config import CoreConfig
 
-    return [("[mqguard]", CoreConfig), ("[mqguard.event-log]", EventLogConfig),
-            ("[mqguard.sidecar]", SidecarConfig)]
+    sections: list[tuple[str, type[BaseModel]]] = []
+
+    def walk(table: str, model: type[BaseModel]) -> None:
+        sections.append((f"[{table}]", model))
+        for key, field, _ in model_rows(model):
+            sub = _sub_model(field.annotation)
+            if sub is not None:
+                walk(f"{table}.{key}" + (".<name>" if sub[1] else ""), sub[0])
+
+    walk("mqguard", CoreConfig)
+    return sections
 
 
 @_page("configuration.md")

@@ -69,7 +69,8 @@ class AddressSettingsTable(BaseModel):
     auto_create_queues: bool | None = None
     #: Accepted for Artemis compatibility; not used by mqguard yet.
     auto_create_addresses: bool | None = None
-    #: Ms before redistributing (-1 = never); accepted, redistribution is not built yet.
+    #: Ms a node's queue must have had no consumer before the redistributor moves its
+    #: messages to a node that has one (broker groups); -1 = never.
     redistribution_delay: int | None = Field(None, ge=-1)
     #: Accepted for Artemis compatibility; not used by mqguard yet.
     send_to_dla_on_no_route: bool | None = None
