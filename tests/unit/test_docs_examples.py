@@ -93,3 +93,16 @@ def test_entry_point_example_registers_and_disables(tmp_path: Path,
             GuardedProducer(LoopbackAdapter(), guard=guard).send("q", b"x" * 2000)
     finally:
         sys.modules.pop(target, None)
+
+
+def test_operations_page_names_exactly_the_metrics_the_code_registers() -> None:
+    sidecar_sources = (Path(__file__).resolve().parents[2] / "mqguard" / "sidecar").glob("*.py")
+    registered = {name for source in sidecar_sources
+                  for name in re.findall(r'"(mqguard_[a-z_]+)"', source.read_text())}
+    assert "mqguard_sidecar_open_connections" in registered
+    documented = set(re.findall(r"`(mqguard_[a-z_]+)`",
+                                (DOCS / "operations.md").read_text(encoding="utf-8")))
+    documented = {n for n in documented if not n.endswith(("_bucket", "_sum", "_count"))}
+    assert documented == registered, (f"missing from docs/operations.md: "
+                                      f"{registered - documented}; not in the code: "
+                                      f"{documented - registered}")
