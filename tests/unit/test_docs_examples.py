@@ -106,3 +106,28 @@ def test_operations_page_names_exactly_the_metrics_the_code_registers() -> None:
     assert documented == registered, (f"missing from docs/operations.md: "
                                       f"{registered - documented}; not in the code: "
                                       f"{documented - registered}")
+
+
+def test_broker_capability_table_matches_the_adapters() -> None:
+    import dataclasses
+
+    from mqguard.adapter import Capabilities
+    from mqguard.adapters.mqtt import MqttAdapter
+    from mqguard.adapters.stomp import BROKER_CAPABILITIES
+
+    text = (DOCS / "brokers.md").read_text(encoding="utf-8")
+    table = text.split("<!-- capability-flags: begin -->")[1].split("<!-- capability-flags: end")[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in table.strip().splitlines()]
+    header, body = rows[0], rows[2:]
+    code = {**{name: BROKER_CAPABILITIES[name] for name in ("activemq", "rabbitmq", "artemis")},
+            "mosquitto": MqttAdapter("mqtt://127.0.0.1:1883").capabilities}
+    assert header[1:] == ["activemq", "rabbitmq", "mosquitto", "artemis"]
+    assert [row[0].strip("`") for row in body] == [f.name for f in
+                                                   dataclasses.fields(Capabilities)]
+    for row in body:
+        flag = row[0].strip("`")
+        for broker, cell in zip(header[1:], row[1:], strict=True):
+            value = getattr(code[broker], flag)
+            expected = ("yes" if value else "no") if isinstance(value, bool) else f"`{value}`"
+            assert cell == expected, f"{flag} on {broker}: page says {cell}, code {expected}"
