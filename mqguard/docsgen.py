@@ -95,6 +95,8 @@ def _cell(text: str) -> str:
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
     if origin in (typing.Union, types.UnionType):
         names = [_type_name(a) for a in args if a is not type(None)]
         return " or ".join(names)

@@ -29,12 +29,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import Field
 
 from mqguard import hookimpl
-from mqguard.config import MqguardConfig
+from mqguard.config import MqguardConfig, PluginOptions, parse_plugin_options
 from mqguard.context import HookContext
 from mqguard.digest import id_digest
-from mqguard.errors import ConfigError
 from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER, DUPLICATE_ID_HEADER, Message
 from mqguard.verdict import Verdict
 
@@ -61,6 +63,14 @@ class _StagedTransaction:
     duplicate_ids: dict[bytes, str] = field(default_factory=dict)
 
 
+class DuplicateDetectionOptions(PluginOptions):
+    """``[plugins.duplicate_detection]``."""
+
+    #: Further header names (MQTT 5 user properties) whose values are duplicate ids, besides
+    #: ``_AMQ_DUPL_ID``; the first one a message carries is used.
+    headers: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+
+
 class DuplicateDetectionPlugin:
     """One instance per guard; holds only the staged ids of open transactions."""
 
@@ -71,15 +81,7 @@ class DuplicateDetectionPlugin:
 
     @hookimpl
     def configure(self, config: MqguardConfig) -> None:
-        options = config.plugin_options(NAME)
-        unknown = set(options) - {"headers"}
-        if unknown:
-            raise ConfigError(f"{config.source}: plugins.{NAME}: unknown key(s) "
-                              f"{', '.join(sorted(unknown))} (known: headers)")
-        headers = options.get("headers", [])
-        if not isinstance(headers, list) or not all(isinstance(h, str) and h for h in headers):
-            raise ConfigError(f"{config.source}: plugins.{NAME}.headers = {headers!r}: "
-                              "must be a list of non-empty header names")
+        headers = parse_plugin_options(config, NAME, DuplicateDetectionOptions).headers
         self.extra_headers = tuple(h for h in headers if h != DUPLICATE_ID_HEADER)
 
     def duplicate_id_of(self, message: Message) -> str | None:
