@@ -19,9 +19,9 @@ Three kinds of hooks:
   pipeline does not catch their exceptions (one from ``after_send`` reaches the
   sender although the broker has the message), so catch and log your own.
 
-Every hook receives a :class:`~mqguard.context.HookContext` as ``ctx``: the
-resolved address settings, the store, the event log, the adapter's
-capabilities and the transaction, if any.
+Every hook but the lifecycle ones receives a :class:`~mqguard.context.HookContext`
+as ``ctx``: the resolved address settings, the store, the event log, the
+adapter's capabilities and the transaction, if any.
 """
 
 from __future__ import annotations

@@ -115,7 +115,10 @@ def _event_log(directory: Path, lost: int) -> None:
 def test_runs_the_audit_through_a_real_spark_submit(tmp_path: Path) -> None:
     spark_submit = shutil.which("spark-submit")
     if spark_submit is None:
-        pytest.fail("spark-submit not found: pip install -e '.[spark]' provides it")
+        message = "spark-submit not found: pip install -e '.[spark]' provides it"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     events = tmp_path / "events"
     _event_log(events, lost=2)
     out = tmp_path / "out"
