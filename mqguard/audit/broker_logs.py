@@ -346,9 +346,12 @@ def redelivery_findings(spark: SparkSession, events: DataFrame, logs: BrokerLogs
                and f["first_ts"] is not None]
     capable = {f["file"] for f in judging}
     ends = logs.records.filter(c("kind").isin(list(CONNECTION_ENDS)))
-    # ActiveMQ counts when its log shows connection ends (the logging broker plugin).
-    capable |= {r["file"] for r in ends.filter(c("broker") == "activemq")
-                .select("file").distinct().collect()}
+    # ActiveMQ counts only when its log shows orderly connection ends too (the logging
+    # broker plugin's connection events): by default it logs failures alone, and
+    # not even a killed client (an EOF is logged at DEBUG).
+    capable |= {r["file"] for r in logs.records.filter(
+        (c("broker") == "activemq") & c("kind").isin("open", "close"))
+        .select("file").distinct().collect()}
     covered = [f for f in logs.files if f["file"] in capable and f["first_ts"] is not None]
     info: dict[str, Any] = {"judged_by": sorted(capable)}
     if not covered:

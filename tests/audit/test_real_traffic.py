@@ -108,3 +108,59 @@ def test_guarded_traffic_through_activemq_audits_clean(
     assert summary["addresses"][dla] == {"messages": 1, "sent": 0, "deliveries": 1,
                                          "with_fate": 1}
     assert summary["bad_lines"] == 0 and summary["events"] == sum(kinds.values())
+
+
+@pytest.mark.redis
+def test_guarded_traffic_with_redis_store_and_broker_log_audits_clean(
+        spark: Any, activemq_server: Any, redis_url: str, tmp_path: Path,
+        unique_name: str) -> None:
+    """The same kind of traffic with the Redis store, small duplicate-ID rings (ids are
+    evicted) and the broker's own log: --redis and --broker-log find nothing either."""
+    from mqguard.audit.cross_checks import CrossInputs
+
+    url = activemq_server.urls["stomp"]
+    events = tmp_path / "events"
+    dla = f"{unique_name}.DLA"
+    config = parse_config({
+        "mqguard": {"node-id": "audit-redis", "store": redis_url,
+                    "event-log": {"directory": str(events), "flush-interval-ms": 20}},
+        "address-settings": {unique_name: {"max-delivery-attempts": 3, "id-cache-size": 8,
+                                           "dead-letter-address": dla}},
+    })
+    handler = Handler(expected=21)
+    dead_letters: list[Message] = []
+    with Guard(config) as guard:
+        with GuardedConsumer(open_adapter(url), dla, dead_letters.append, guard), \
+                GuardedConsumer(open_adapter(url), unique_name, handler, guard), \
+                GuardedProducer(open_adapter(url), guard, producer_id="audit-r") as producer:
+            for i in range(20):
+                producer.send(unique_name, f"m{i}", duplicate_id=f"d{i}")
+            # d17..d19 are among the last 8 ids: rejected. d0 was evicted: accepted again.
+            again = [producer.send(unique_name, "again", duplicate_id=f"d{i}")
+                     for i in (17, 18, 19)]
+            assert not any(result.sent for result in again)
+            assert producer.send(unique_name, "evicted", duplicate_id="d0").sent
+            producer.send(unique_name, "poison")
+            assert handler.done.wait(30), f"handled {len(handler.calls)} of 21"
+            deadline = time.monotonic() + 30
+            while not dead_letters and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # the last acks reach the broker; nothing more may arrive
+    assert len(dead_letters) == 1 and handler.poison_attempts == 3
+    kinds = Counter(e["type"] for e in read_events(events))
+    assert kinds["duplicate_rejected"] == 3 and kinds["dead_lettered"] == 1
+
+    result = run_audit(spark, AuditOptions(
+        [str(events)], out=str(tmp_path / "out"), config=config, watermark=now_ms(),
+        checks=CheckOptions(assume_drained=True),
+        cross=CrossInputs(redis_url=redis_url, broker_logs=(str(activemq_server.log_path),))))
+    summary = result.summary
+    found = {name: entry["by_address"] for name, entry in summary["classes"].items()
+             if entry["count"]}
+    assert found == {}, found
+    assert result.exit_code == 0
+    assert "ring_mismatch" in summary["classes"]  # the Redis checks ran
+    assert summary["redis"]["rings"] >= 1 and summary["redis"]["ring_ids"] >= 8
+    logs = summary["broker_logs"]
+    assert [f["broker"] for f in logs["files"]] == ["activemq"]
+    assert logs["files"][0]["parsed"] > 0
