@@ -26,15 +26,28 @@ other copies are sent and confirmed by the target broker; (3) their bridge ids
 are added to the cache; (4) the originals are acknowledged. A crash before (2)
 completes leaves the originals unacknowledged (the source broker redelivers
 them: nothing lost); after (3), step (1) of the next attempt finds the ids.
-Only a crash between the target's confirmation and (3) -- one store round trip
--- leaves a second copy at rest; the shared consumer audit (same producer and
-sequence) keeps it from a handler. The copies do not go through the guard's
-``before_send``: its check-and-add records an id *before* the broker confirms,
-which would turn a crash in between into a loss on the next attempt.
+
+A crash between the target's confirmation and (3) is closed with markers where
+every other node has transactions, browse and selectors (ActiveMQ): the bridge
+ids are first added to a ``BRIDGE-PENDING.<queue>`` ring, and each target gets
+its copies *and* one marker per copy (an empty message with header
+``mqguard_bridge = <bridge id>`` on ``mqguard.bridge.<queue>``) in one broker
+transaction. The next attempt browses the markers of the pending ids it meets:
+a marker proves the copy committed (then only (3) and (4) remain), no marker
+proves it did not (the copy is sent again). Markers are consumed once their ids
+are in the cache. On other brokers (RabbitMQ: no browse, no selectors) that one
+store round trip remains a window for a second copy at rest, which the shared
+consumer audit (same producer and sequence) keeps from a handler.
+
+The copies do not go through the guard's ``before_send``: its check-and-add
+records an id *before* the broker confirms, which would turn a crash in between
+into a loss on the next attempt. A copy re-sent through a guard later is refused
+by ``duplicate_detection`` against the same ``BRIDGE.<queue>`` cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -52,6 +65,7 @@ from mqguard.balancing import (
 )
 from mqguard.balancing_selector import SelectorError, compile_selector
 from mqguard.digest import id_digest
+from mqguard.errors import AdapterError
 from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER, Message, parse_wire_int
 from mqguard.pipeline import Guard
 from mqguard.reaper import _Collector
@@ -70,6 +84,28 @@ MAX_BATCH = 1000
 #: Ring capacity of ``BRIDGE.<queue>`` when the address's id-cache-size is 0 (duplicate
 #: detection off): redistribution relies on the cache for crash safety, so it keeps one.
 FALLBACK_CACHE_SIZE = 20000
+
+
+#: Header of a marker message (a JMS identifier, so selectors can name it).
+MARKER_HEADER = "mqguard_bridge"
+
+
+def marker_queue(queue: str) -> str:
+    """Where markers of copies moved to ``queue`` live on the target node."""
+    return f"mqguard.bridge.{queue}"
+
+
+def pending_cache_name(queue: str) -> str:
+    """Ring of bridge ids whose copies may have been committed but not yet recorded."""
+    return f"BRIDGE-PENDING.{queue}"
+
+
+def _marker(queue: str, bridge_id: str) -> Message:
+    return Message(address=marker_queue(queue), headers={MARKER_HEADER: bridge_id})
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def bridge_cache(queue: str) -> str:
@@ -233,15 +269,18 @@ class Redistributor:
         options = SubscribeOptions(prefetch=self.batch_size,
                                    selector=self._source_selector(adapter, targets))
         subscription = adapter.subscribe(queue, collector, options)
+        used: set[str] = set()
         try:
             while batch := collector.take(self.batch_size, self.idle_s):
-                self._move_batch(queue, source, targets, batch, adapter, result)
+                used |= self._move_batch(queue, source, targets, batch, adapter, result)
                 if self.pause_s:
                     time.sleep(self.pause_s)
         finally:
             # Deliveries not acknowledged (no target accepted them, or a send failed) go
             # back to the source queue when the subscription ends.
             adapter.unsubscribe(subscription)
+        for node in sorted(used):
+            self._clean_markers(queue, node)
         if result.moved:
             log.info("redistributed %d message(s) of %s from %s: %s", result.moved, queue,
                      source, result.targets)
@@ -260,21 +299,46 @@ class Redistributor:
                 return node
         return None
 
+    def _transactional(self, nodes: Sequence[str]) -> bool:
+        """Can every node hold markers: transactions, browse and selectors (ActiveMQ)?"""
+        for node in nodes:
+            caps = self.adapter(node).capabilities
+            if not (caps.transactions and caps.browse and caps.selectors
+                    and hasattr(self.adapter(node), "wait_browse_end")):
+                return False
+        return True
+
     def _move_batch(self, queue: str, source: str, targets: list[Presence],
-                    batch: list[Delivery], adapter: Adapter, result: QueueResult) -> None:
-        settings = self.guard.settings.resolve(queue)
-        capacity = settings.id_cache_size or FALLBACK_CACHE_SIZE
-        cache = bridge_cache(queue)
+                    batch: list[Delivery], adapter: Adapter, result: QueueResult) -> set[str]:
+        """Move one batch; returns the target nodes that got copies (and markers)."""
+        store = self.guard.store
+        capacity = self.guard.settings.resolve(queue).id_cache_size or FALLBACK_CACHE_SIZE
+        cache, pending_cache = bridge_cache(queue), pending_cache_name(queue)
         bridge_ids = [self._bridge_id(source, delivery.message) for delivery in batch]
-        # (1) Copies an earlier attempt got confirmed: only the ack is missing.
-        # Digests, as duplicate_detection keeps them, so both read the same cache.
-        done = self.guard.store.ring_contains(cache, [id_digest(b) for b in bridge_ids])
-        planned: dict[str, list[tuple[Delivery, Message, str]]] = {}
-        finished: list[tuple[Delivery, str, str]] = []
+        others = [node for node in self.urls if node != source]
+        markers = self._transactional(others)
+        # (1) Copies an earlier attempt got confirmed: only the ack is missing. Digests, as
+        # duplicate_detection keeps them, so both read the same cache.
+        done = store.ring_contains(cache, [id_digest(b) for b in bridge_ids])
+        finished: list[tuple[Delivery, str, str | None]] = []
+        rest: list[tuple[Delivery, str]] = []
         for delivery, bridge_id, already in zip(batch, bridge_ids, done, strict=True):
             if already:
-                finished.append((delivery, bridge_id, "?"))
-                continue
+                finished.append((delivery, bridge_id, None))
+            else:
+                rest.append((delivery, bridge_id))
+        if markers and rest:
+            # An attempt that died between its COMMIT and (3) left markers: those copies
+            # are at their target, so only (3) and (4) remain for them.
+            pending = store.ring_contains(pending_cache, [id_digest(b) for _, b in rest])
+            uncertain = [b for (_, b), flag in zip(rest, pending, strict=True) if flag]
+            found = self._find_markers(queue, others, uncertain) if uncertain else {}
+            if found:
+                store.ring_check_and_add(cache, [id_digest(b) for b in found], capacity)
+                finished += [(d, b, found[b]) for d, b in rest if b in found]
+                rest = [(d, b) for d, b in rest if b not in found]
+        planned: dict[str, list[tuple[Delivery, Message, str]]] = {}
+        for delivery, bridge_id in rest:
             message = delivery.message
             target = self._pick(queue, message.wire_headers(), targets)
             if target is None:
@@ -282,27 +346,97 @@ class Redistributor:
             planned.setdefault(target, []).append(
                 (delivery, self._copy(message, queue, source, bridge_id), bridge_id))
         # (2) Copies sent and confirmed, per target node.
-        sent: list[tuple[Delivery, str, str]] = []
+        sent: list[tuple[Delivery, str, str | None]] = []
+        if markers and planned:
+            store.ring_check_and_add(
+                pending_cache, [id_digest(b) for items in planned.values() for _, _, b in items],
+                capacity)
         for target, items in planned.items():
-            self.adapter(target).send_many([copy for _, copy, _ in items])
+            target_adapter = self.adapter(target)
+            copies = [copy for _, copy, _ in items]
+            if markers:
+                # Copies and markers commit together: after a crash, a marker proves its
+                # copy is at the target, and no marker proves it is not.
+                tx = target_adapter.begin()
+                try:
+                    target_adapter.send_many(copies, transaction=tx)
+                    target_adapter.send_many(
+                        [_marker(queue, bridge_id) for _, _, bridge_id in items],
+                        transaction=tx)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        target_adapter.abort(tx)
+                    raise
+                target_adapter.commit(tx)
+            else:
+                target_adapter.send_many(copies)
             sent.extend((delivery, bridge_id, target) for delivery, _, bridge_id in items)
         # (3) Recorded as done, (4) originals acknowledged.
         if sent:
-            self.guard.store.ring_check_and_add(cache, [id_digest(b) for _, b, _ in sent],
-                                                capacity)
+            store.ring_check_and_add(cache, [id_digest(b) for _, b, _ in sent], capacity)
         events = self.guard.events
         for delivery, bridge_id, target in [*finished, *sent]:
             adapter.ack(delivery)
-            reason = ("copy confirmed by an earlier attempt" if target == "?" else
-                      "no consumer on the source queue for redistribution-delay")
-            events.emit(REDISTRIBUTED_EVENT, delivery.message, queue=queue, group=self.group_name,
-                        source_node=source, target_node=None if target == "?" else target,
+            fresh = any(d is delivery for d, _, _ in sent)
+            reason = ("no consumer on the source queue for redistribution-delay" if fresh
+                      else "copy confirmed by an earlier attempt")
+            events.emit(REDISTRIBUTED_EVENT, delivery.message, queue=queue,
+                        group=self.group_name, source_node=source, target_node=target,
                         bridge_id=bridge_id, reason=reason)
-            if target != "?":
+            if fresh and target is not None:
                 result.moved += 1
                 result.targets[target] = result.targets.get(target, 0) + 1
                 if self._on_move is not None:
                     self._on_move(self.group_name, queue, source, target, 1)
+        return set(planned) if markers else set()
+
+    def _find_markers(self, queue: str, nodes: Sequence[str], bridge_ids: list[str]
+                      ) -> dict[str, str]:
+        """Which of ``bridge_ids`` have a marker on which node (browsed, so nothing is
+        consumed). Raises when a browse does not finish: the batch is then retried later
+        rather than guessed."""
+        wanted = set(bridge_ids)
+        selector = f"{MARKER_HEADER} IN ({', '.join(_quote(b) for b in bridge_ids)})"
+        found: dict[str, str] = {}
+        for node in nodes:
+            adapter = self.adapter(node)
+            collector = _Collector()
+            subscription = adapter.subscribe(
+                marker_queue(queue), collector,
+                SubscribeOptions(browse=True, selector=selector, prefetch=MAX_BATCH))
+            try:
+                if not adapter.wait_browse_end(subscription, 30):  # type: ignore[attr-defined]
+                    raise AdapterError(f"browsing the markers of {queue} on {node} did not "
+                                       "finish in 30 s")
+                for delivery in collector.take(MAX_BATCH * 2, 0.01):
+                    value = delivery.message.headers.get(MARKER_HEADER)
+                    if value in wanted:
+                        found[value] = node
+            finally:
+                adapter.unsubscribe(subscription)
+        return found
+
+    def _clean_markers(self, queue: str, node: str) -> None:
+        """Consume the markers on ``node`` whose copies are recorded as done (best effort:
+        one left behind is found again and consumed by a later pass)."""
+        cache = bridge_cache(queue)
+        try:
+            adapter = self.adapter(node)
+            collector = _Collector()
+            subscription = adapter.subscribe(marker_queue(queue), collector,
+                                             SubscribeOptions(prefetch=MAX_BATCH))
+            try:
+                while batch := collector.take(MAX_BATCH, self.idle_s / 3):
+                    ids = [d.message.headers.get(MARKER_HEADER, "") for d in batch]
+                    done = self.guard.store.ring_contains(cache, [id_digest(b) for b in ids])
+                    for delivery, flag in zip(batch, done, strict=True):
+                        if flag:
+                            adapter.ack(delivery)
+            finally:
+                adapter.unsubscribe(subscription)
+        except Exception as exc:
+            log.warning("markers of %s on %s not cleaned up (next pass retries): %s", queue,
+                        node, exc)
 
     @staticmethod
     def _bridge_id(source: str, message: Message) -> str:

@@ -207,3 +207,45 @@ def test_sidecar_hosts_the_redistributor_with_metrics(
             f'target="{node_name(url_b)}"}} 12.0')
     assert line in metrics
     assert drain(url_a, unique_name, first_s=0.5) == []
+
+
+def test_a_copy_committed_but_not_recorded_is_found_by_its_marker(
+        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+    """The state a crash between the target's COMMIT and recording the bridge id leaves:
+    the id pending, the copy and its marker on B. The next attempt finds the marker,
+    records the id and acknowledges the original; it sends no second copy."""
+    from mqguard.redistributor import MARKER_HEADER, marker_queue, pending_cache_name
+
+    url_a, url_b = urls(activemq_pair)
+    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    received = Received()
+    with Guard(config) as guard:
+        sent = send_backlog(guard, unique_name, 6)
+        capacity = guard.settings.resolve(unique_name).id_cache_size
+        first = sent[0]
+        bridge_id = f"{first.message_id}:0"
+        guard.store.ring_check_and_add(pending_cache_name(unique_name), [id_digest(bridge_id)],
+                                       capacity)
+        node_b = open_adapter(url_b)
+        node_b.connect()
+        try:
+            node_b.send(Redistributor._copy(first, unique_name, node_name(url_a), bridge_id))
+            node_b.send(Message(marker_queue(unique_name), headers={MARKER_HEADER: bridge_id}))
+        finally:
+            node_b.close()
+        with GroupConsumer("g", url_b, unique_name, received, guard):
+            redistributor = Redistributor(guard, "g")
+            try:
+                moved = sum(r.moved for r in redistributor.scan())
+            finally:
+                redistributor.close()
+            assert received.wait(6) == 6
+            time.sleep(0.5)
+        assert moved == 5
+        assert sorted(m.message_id for m in received.messages) == sorted(
+            m.message_id for m in sent)
+        assert guard.store.ring_contains(bridge_cache(unique_name), [id_digest(bridge_id)]) \
+            == [True]
+    assert drain(url_a, unique_name) == []
+    # Every marker was cleaned up once its copy was recorded.
+    assert drain(url_b, marker_queue(unique_name), first_s=0.5) == []
