@@ -60,6 +60,7 @@ case "$deploy_mode" in
   *) echo "submit-audit.sh: -d must be client or cluster, not '$deploy_mode'" >&2; exit 2 ;;
 esac
 
+# shellcheck disable=SC2206  # SPARK_SUBMIT may be a command with arguments
 submit=(${SPARK_SUBMIT:-spark-submit} --master "$master" --deploy-mode "$deploy_mode"
         --name mqguard-audit
         --conf spark.sql.session.timeZone=UTC)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,58 @@ def test_usage_comment_builds_from_the_repository_root() -> None:
     build = next(line for line in text.splitlines() if "docker build" in line)
     words = shlex.split(build.lstrip("# "))
     assert words[words.index("-f") + 1] == "deploy/docker/Dockerfile" and words[-1] == "."
+
+
+def test_build_stage_files_make_a_working_install(parsed: DockerfileParser,
+                                                  tmp_path: Path) -> None:
+    # The image's build stage without Docker: copy exactly what its COPY lines copy, build
+    # the wheel from that alone, install it into a fresh virtualenv (dependencies from this
+    # environment), and run the entrypoint's command from there.
+    context = tmp_path / "src"
+    context.mkdir()
+    starts = [i for i, item in enumerate(parsed.structure) if item["instruction"] == "FROM"]
+    assert len(starts) == 2, "expected a build stage and a runtime stage"
+    for item in parsed.structure[starts[0]:starts[1]]:
+        if item["instruction"] != "COPY":
+            continue
+        *sources, dest = item["value"].split()
+        target = context / dest.removeprefix("./")
+        for source in sources:
+            origin = REPO / source
+            into = target / origin.name if len(sources) > 1 or dest.endswith("/") else target
+            if origin.is_dir():
+                shutil.copytree(origin, into,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                into.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(origin, into)
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                            "--no-build-isolation", "-q", "-w", str(wheels), str(context)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = wheels.glob("mqguard-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {"mqguard/plugins/duplicate_detection.py", "mqguard/adapters/stomp.py",
+            "mqguard/cli/sidecar.py"} <= names
+    assert not any(name.startswith(("plugins/", "adapters/", "tests/")) for name in names)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", str(wheel)], check=True, timeout=300)
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import mqguard.plugins, sys; "
+         "print(mqguard.plugins.__file__)"], capture_output=True, text=True, check=True,
+        cwd=tmp_path)
+    assert where.stdout.startswith(str(venv)), where.stdout  # the wheel, not this checkout
+    check = subprocess.run([str(venv / "bin" / "mqguard"), "config", "check",
+                            str(DEPLOY / "docker" / "mqguard.toml")],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+    assert "duplicate_detection" in check.stdout
+    entrypoint = json.loads(_instructions(parsed, "ENTRYPOINT")[-1])
+    help_text = subprocess.run([str(venv / "bin" / entrypoint[0]), *entrypoint[1:], "--help"],
+                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert help_text.returncode == 0 and "--upstream" in help_text.stdout

@@ -134,3 +134,11 @@ def test_runs_the_audit_through_a_real_spark_submit(tmp_path: Path) -> None:
     assert summary["messages"] == 22
     assert summary["classes"]["lost"]["count"] == 2
     assert (out / "summary.json").is_file()
+
+
+def test_script_passes_shellcheck() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
