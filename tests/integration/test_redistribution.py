@@ -249,3 +249,40 @@ def test_a_copy_committed_but_not_recorded_is_found_by_its_marker(
     assert drain(url_a, unique_name) == []
     # Every marker was cleaned up once its copy was recorded.
     assert drain(url_b, marker_queue(unique_name), first_s=0.5) == []
+
+
+@pytest.mark.rabbitmq
+def test_one_activemq_and_one_rabbitmq_node(activemq_server: Any, rabbitmq_server: Any,
+                                            tmp_path: Path, unique_name: str) -> None:
+    """A mixed group: STRICT spreads over both brokers; redistribution works both ways
+    (to ActiveMQ with markers, to RabbitMQ -- no browse, no selectors -- without)."""
+    from mqguard.balancing import GroupProducer as Producer
+
+    amq, rabbit = activemq_server.urls["stomp"], rabbitmq_server.urls["stomp"]
+    strict = make_config(amq, rabbit, unique_name, tmp_path, delay=0, mode="STRICT")
+    with Producer("g", strict, producer_id="mixed") as producer:
+        for i in range(10):
+            producer.send(unique_name, f"s{i}")
+    assert (len(drain(amq, unique_name)), len(drain(rabbit, unique_name))) == (5, 5)
+
+    for source, target in ((rabbit, amq), (amq, rabbit)):
+        config = make_config(amq, rabbit, unique_name, tmp_path, delay=0)
+        group = config.core.groups["g"].model_copy(update={"local": source})
+        config = config.model_copy(update={"core": config.core.model_copy(
+            update={"groups": {"g": group}})})
+        received = Received()
+        with Guard(config) as guard:
+            sent = send_backlog(guard, unique_name, 8)
+            with GroupConsumer("g", target, unique_name, received, guard):
+                redistributor = Redistributor(guard, "g")
+                try:
+                    moved = sum(r.moved for r in redistributor.scan())
+                finally:
+                    redistributor.close()
+                assert received.wait(8) == 8
+                time.sleep(0.5)
+        assert moved == 8
+        assert sorted(m.message_id for m in received.messages) == sorted(
+            m.message_id for m in sent)
+        assert drain(source, unique_name, first_s=0.5) == []
+        assert drain(target, unique_name, first_s=0.5) == []
