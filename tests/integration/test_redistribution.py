@@ -286,3 +286,43 @@ def test_one_activemq_and_one_rabbitmq_node(activemq_server: Any, rabbitmq_serve
             m.message_id for m in sent)
         assert drain(source, unique_name, first_s=0.5) == []
         assert drain(target, unique_name, first_s=0.5) == []
+
+
+@pytest.mark.redis
+def test_redistribute_command_one_pass(activemq_pair: tuple[Any, Any], redis_url: str,
+                                       tmp_path: Path, unique_name: str) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from mqguard.cli import main
+
+    url_a, url_b = urls(activemq_pair)
+    toml = tmp_path / "mqguard.toml"
+    toml.write_text(
+        f'[mqguard]\nstore = "{redis_url}"\n'
+        f'[mqguard.event-log]\ndirectory = "{tmp_path / "events"}"\n'
+        f'[mqguard.groups.g]\nnodes = ["{url_a}", "{url_b}"]\n'
+        'message-load-balancing = "ON_DEMAND"\n'
+        f'[address-settings."{unique_name}"]\nredistribution-delay = 0\n')
+    runner = CliRunner()
+    no_queues = runner.invoke(main, ["redistribute", "-g", "g", "-c", str(toml)])
+    assert no_queues.exit_code == 2 and "no queues" in no_queues.output
+    unknown = runner.invoke(main, ["redistribute", "-g", "nope", "-c", str(toml)])
+    assert unknown.exit_code == 1 and "no [mqguard.groups.nope]" in unknown.output
+    config = parse_config({"mqguard": {"store": redis_url, "event-log": {"enabled": False},
+                                       "groups": {"g": {"nodes": [url_a, url_b]}}}})
+    received = Received()
+    with Guard(config) as guard:
+        with GroupProducer("g", guard=guard) as producer:  # ON_DEMAND, no consumer: local A
+            for i in range(5):
+                producer.send(unique_name, f"m{i}")
+        with GroupConsumer("g", url_b, unique_name, received, guard):
+            result = runner.invoke(main, ["redistribute", "-g", "g", "-q", unique_name,
+                                          "-c", str(toml), "--json"])
+            assert result.exit_code == 0, result.output
+            assert received.wait(5) == 5
+    rows = {row["node"]: row for row in map(json.loads, result.output.splitlines())}
+    assert rows[node_name(url_a)]["state"] == "moved" and rows[node_name(url_a)]["moved"] == 5
+    assert rows[node_name(url_a)]["targets"] == {node_name(url_b): 5}
+    assert rows[node_name(url_b)]["state"] == "has-consumers"
