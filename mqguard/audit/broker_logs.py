@@ -102,7 +102,8 @@ _RABBITMQ_RULES: Final = (
                         r"\((?P<conn>[^)]*)\)")),
     ("close", re.compile(r"^closing (?:STOMP|MQTT|AMQP) connection (?:<[\d.]+> )?"
                          r"\((?P<conn>[^)]*)\)")),
-    ("lost", re.compile(r"^(?:STOMP|MQTT) detected network error|"
+    ("lost", re.compile(r"^MQTT connection \"(?P<conn>[^\"]*)\" will terminate because|"
+                        r"^(?:STOMP|MQTT) detected network error|"
                         r"^client unexpectedly closed TCP connection|"
                         r"^(?:missed heartbeats from client|closing .*connection.*timeout)")),
     ("broker_start", re.compile(r"^Server startup complete")),

@@ -4,6 +4,8 @@ and the two broker-log checks on planted events (Spark)."""
 from __future__ import annotations
 
 import gzip
+import socket
+import struct
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from mqguard.audit.runner import AuditOptions, run_audit
 from mqguard.audit.summary import read_findings
 from mqguard.config import parse_config
 from mqguard.events import EventType
+from mqguard.testing.waiting import wait_for
 from tests.audit.synthetic import T0, Cluster
 
 # Copied from logs the local servers wrote (mqguard/servers/*.py), ids and ports as they were.
@@ -167,6 +170,71 @@ def test_expand_broker_logs(tmp_path: Path) -> None:
         expand_broker_logs([str(tmp_path / "missing.log")])
     with pytest.raises(AuditInputError):
         expand_broker_logs([f"activemq:{tmp_path}/*.nothing"])
+
+
+# -- real brokers: what their logs say when a client leaves in order or vanishes --------------
+
+def _mqtt_connect(port: int, client_id: str) -> socket.socket:
+    """A raw MQTT 3.1.1 CONNECT (clean session, keep-alive 60 s)."""
+    ident = client_id.encode()
+    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + struct.pack("!H", len(ident)) + ident
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(bytes([0x10, len(body)]) + body)
+    assert sock.recv(4)[:1] == b"\x20"  # CONNACK
+    return sock
+
+
+def _vanish(sock: socket.socket) -> None:
+    """Close with a TCP reset and no DISCONNECT: what a killed client looks like."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+@pytest.mark.mosquitto
+def test_real_mosquitto_log_orderly_and_lost_connections(mosquitto_server: Any,
+                                                         unique_name: str) -> None:
+    port = int(mosquitto_server.urls["mqtt"].rsplit(":", 1)[1])
+    orderly, lost = f"{unique_name}-orderly"[-60:], f"{unique_name}-lost"[-60:]
+    sock = _mqtt_connect(port, orderly)
+    sock.sendall(b"\xe0\x00")  # DISCONNECT
+    sock.close()
+    _vanish(_mqtt_connect(port, lost))
+    log = Path(mosquitto_server.log_path)
+
+    def ended() -> list[tuple[Any, ...]]:
+        rows, _ = records(log, "mosquitto")
+        return [r for r in rows if r[5] in (orderly, lost) and r[4] in ("close", "lost")]
+
+    wait_for(lambda: len(ended()) == 2, 10, "both connection ends in mosquitto.log")
+    assert sorted((r[5], r[4]) for r in ended()) == sorted([(orderly, "close"), (lost, "lost")])
+    _, stats = records(log)  # detected, and every line of the real log understood
+    assert stats["broker"] == "mosquitto" and stats["unknown"] == 0 and stats["records"] > 0
+
+
+@pytest.mark.rabbitmq
+def test_real_rabbitmq_log_stomp_and_mqtt_connections(rabbitmq_server: Any) -> None:
+    stomp_port = int(rabbitmq_server.urls["stomp"].rsplit(":", 1)[1])
+    mqtt_port = int(rabbitmq_server.urls["mqtt"].rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", stomp_port), timeout=5)
+    sock.sendall(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00")
+    assert sock.recv(9) == b"CONNECTED"
+    stomp_local = f"127.0.0.1:{sock.getsockname()[1]} -> "
+    _vanish(sock)
+    sock = _mqtt_connect(mqtt_port, "audit-log-test")
+    mqtt_local = f"127.0.0.1:{sock.getsockname()[1]} -> "
+    _vanish(sock)
+    log = Path(rabbitmq_server.log_path)
+
+    def ends() -> dict[str, str]:
+        rows, _ = records(log, "rabbitmq")
+        return {local: r[4] for r in rows for local in (stomp_local, mqtt_local)
+                if r[5] and r[5].startswith(local) and r[4] in ("close", "lost")}
+
+    wait_for(lambda: len(ends()) == 2, 10, "both connection ends in the RabbitMQ log")
+    # RabbitMQ logs a vanished STOMP client like an orderly one; MQTT says the peer left.
+    assert ends() == {stomp_local: "close", mqtt_local: "lost"}
+    _, stats = records(log)
+    assert stats["broker"] == "rabbitmq" and stats["unknown"] == 0
 
 
 # -- the checks (Spark) ------------------------------------------------------------------------

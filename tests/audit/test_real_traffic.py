@@ -163,4 +163,4 @@ def test_guarded_traffic_with_redis_store_and_broker_log_audits_clean(
     assert summary["redis"]["rings"] >= 1 and summary["redis"]["ring_ids"] >= 8
     logs = summary["broker_logs"]
     assert [f["broker"] for f in logs["files"]] == ["activemq"]
-    assert logs["files"][0]["parsed"] > 0
+    assert logs["files"][0]["parsed"] > 0 and logs["unknown_lines"] == 0
