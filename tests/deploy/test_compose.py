@@ -75,7 +75,7 @@ def test_redis_keeps_its_data_with_aof(compose: dict[str, Any]) -> None:
 def test_sidecar_command_and_configuration(compose: dict[str, Any]) -> None:
     sidecar = compose["services"]["sidecar"]
     options = sidecar_options(sidecar["command"])
-    host, port, user, _ = upstream(options)
+    host, port, user, password = upstream(options)
     assert (host, port) == ("broker", 61613)
     published = {int(p.split(":")[-1]) for p in sidecar["ports"]}
     assert {hostport(options["listen"])[1], hostport(options["admin"])[1]} <= published
@@ -87,7 +87,11 @@ def test_sidecar_command_and_configuration(compose: dict[str, Any]) -> None:
     # docker stop waits stop_grace_period, which must outlast the sidecar's drain.
     grace = int(sidecar["stop_grace_period"].rstrip("s")) * 1000
     assert grace > config.core.sidecar.drain_timeout_ms
-    assert user == _rabbitmq_definitions()["users"][0]["name"]
+    # The reaper logs in with the --upstream credentials: they must exist on each broker.
+    (rabbit_user,) = _rabbitmq_definitions()["users"]
+    assert (user, password) == (rabbit_user["name"], rabbit_user["password"])
+    artemis = compose["services"]["artemis"]["environment"]
+    assert (user, password) == (artemis["ARTEMIS_USER"], artemis["ARTEMIS_PASSWORD"])
 
 
 def test_bind_mounted_files_exist(compose: dict[str, Any]) -> None:
