@@ -275,6 +275,14 @@ class Redistributor:
                 used |= self._move_batch(queue, source, targets, batch, adapter, result)
                 if self.pause_s:
                     time.sleep(self.pause_s)
+                # Consumers come and go meanwhile: Artemis stops redistributing when the
+                # queue gets a consumer again, and only targets nodes that still have one.
+                consumers = live_consumers(self.guard.store, self.group_name, queue)
+                targets = [p for p in consumers if p.node != source and p.node in self.urls]
+                if not targets or any(p.node == source for p in consumers):
+                    result.note = ("stopped: the queue has a consumer again" if targets
+                                   else "stopped: no node with a consumer is left")
+                    break
         finally:
             # Deliveries not acknowledged (no target accepted them, or a send failed) go
             # back to the source queue when the subscription ends.

@@ -326,3 +326,30 @@ def test_redistribute_command_one_pass(activemq_pair: tuple[Any, Any], redis_url
     assert rows[node_name(url_a)]["state"] == "moved" and rows[node_name(url_a)]["moved"] == 5
     assert rows[node_name(url_a)]["targets"] == {node_name(url_b): 5}
     assert rows[node_name(url_b)]["state"] == "has-consumers"
+
+
+def test_redistribution_stops_when_the_source_gets_a_consumer_again(
+        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+    url_a, url_b = urls(activemq_pair)
+    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    on_a, on_b = Received(), Received()
+    results: list[Any] = []
+    with Guard(config) as guard:
+        sent = send_backlog(guard, unique_name, 40)
+        with GroupConsumer("g", url_b, unique_name, on_b, guard):
+            redistributor = Redistributor(guard, "g", batch_size=2, pause_ms=150)
+            scan = threading.Thread(target=lambda: results.extend(redistributor.scan()))
+            scan.start()
+            try:
+                assert on_b.wait(2) >= 2
+                with GroupConsumer("g", url_a, unique_name, on_a, guard):
+                    scan.join(30)
+                    assert on_a.wait(40 - len(on_b.messages)) + len(on_b.messages) == 40
+            finally:
+                scan.join(30)
+                redistributor.close()
+    from_a = next(r for r in results if r.node == node_name(url_a))
+    assert from_a.note == "stopped: the queue has a consumer again"
+    assert 2 <= from_a.moved < 40 and len(on_b.messages) == from_a.moved
+    assert sorted(m.message_id for m in on_a.messages + on_b.messages) == sorted(
+        m.message_id for m in sent)
