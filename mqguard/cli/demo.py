@@ -1,117 +1,228 @@
-"""``mqguard demo``: the main job on embedded defaults — a guarded round trip.
+"""``mqguard demo``: the main job on embedded defaults, start to finish.
 
-Starts a local broker (unless given a URL), sends messages through a
-:class:`~mqguard.producer.GuardedProducer` and receives them through a
-:class:`~mqguard.consumer.GuardedConsumer` with the MemoryStore, then reads the
-event log back and checks that every message was sent, delivered once and
-acknowledged.
+Starts a local Redis and broker (unless given URLs), the sidecar, producers that send
+duplicates, poison and short-lived messages through the sidecar and through the
+wrappers, consumers (one of them through an injected failover); then runs the Spark
+audit over what mqguard recorded, what Redis holds and what the broker logged, and
+prints a summary table and the path of the HTML report. Every process and server it
+started is stopped before it returns.
 """
 
 from __future__ import annotations
 
-import threading
+import logging
+import os
+import sys
 import time
-from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from mqguard.config import load_config
-from mqguard.consumer import GuardedConsumer
-from mqguard.errors import MqguardError
-from mqguard.events import read_events
-from mqguard.message import Message, new_message_id
-from mqguard.pipeline import Guard
-from mqguard.producer import GuardedProducer
-from mqguard.registry import open_adapter, redact_url
+from mqguard.config import MqguardConfig, parse_config
+from mqguard.demo.plan import DemoPlan, Kind, expected_fates
+from mqguard.demo.scenario import DemoScenario, LegOutcome
+from mqguard.message import new_message_id
+from mqguard.registry import redact_url
+from mqguard.servers import ServerHandle
 from mqguard.servers.ensure import server_urls
 
-BROKERS = ("activemq", "rabbitmq", "mosquitto")
+BROKERS = ("activemq", "rabbitmq")
+#: The demo's redelivery policy: small numbers so poison messages die quickly.
+MAX_DELIVERY_ATTEMPTS = 3
+
+
+def demo_configs(events_dir: Path, redis_url: str) -> tuple[MqguardConfig, MqguardConfig]:
+    """The sidecar's and the application's settings: one Redis, one event log directory."""
+
+    def config(node: str) -> MqguardConfig:
+        return parse_config({
+            "mqguard": {"node-id": node, "store": redis_url,
+                        "message-expiry-scan-period": 1000,
+                        "event-log": {"directory": str(events_dir),
+                                      "flush-interval-ms": 100}},
+            "address-settings": {"#": {
+                "max-delivery-attempts": MAX_DELIVERY_ATTEMPTS,
+                "redelivery-delay": 50,
+                "auto-create-dead-letter-resources": True,
+                "auto-create-expiry-resources": True}},
+        }, "<demo>")
+
+    return config("demo-sidecar"), config("demo-app")
 
 
 @click.command()
 @click.option("--broker", type=click.Choice(BROKERS), default="activemq", show_default=True,
-              help="Which broker to run the round trip through.")
-@click.option("--url", help="Broker URL (stomp://..., mqtt://...); default: start a local one.")
-@click.option("-n", "--messages", type=click.IntRange(1, 1_000_000), default=1000,
-              show_default=True, help="Messages to send.")
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
-              help="mqguard.toml (default: ./mqguard.toml if present, else built-in defaults).")
-@click.option("--events-dir", type=click.Path(file_okay=False), default="mqguard-events",
-              show_default=True, help="Where the event log is written.")
-@click.option("--timeout", type=float, default=60.0, show_default=True,
-              help="Seconds to wait for every message to come back.")
-def demo(broker: str, url: str | None, messages: int, config_path: str | None,
-         events_dir: str, timeout: float) -> None:
-    """Guarded send -> deliver -> ack round trip through a real broker; checks the event log.
+              help="Which broker to guard (a local one is started unless --url is given).")
+@click.option("--url", help="stomp:// URL of a running broker to use instead.")
+@click.option("--redis", "redis_url", help="redis:// URL to use instead of a local Redis.")
+@click.option("-n", "--messages", type=click.IntRange(20, 100_000), default=500,
+              show_default=True, help="Distinct messages per address (two addresses).")
+@click.option("--out", type=click.Path(file_okay=False), default="mqguard-demo",
+              show_default=True, help="Directory for the event log and the audit's output.")
+@click.option("--seed", type=int, default=20261121, show_default=True,
+              help="Seed of the message mix (which are duplicates, poison, short-lived).")
+@click.option("--timeout", type=click.FloatRange(5, 3600), default=180.0, show_default=True,
+              help="Seconds to wait for every message to reach its fate.")
+@click.option("--no-audit", is_flag=True, help="Skip the Spark audit (no PySpark needed).")
+def demo(broker: str, url: str | None, redis_url: str | None, messages: int, out: str,
+         seed: int, timeout: float, no_audit: bool) -> None:
+    """Run every guarantee on real servers, then audit the outcome with Spark.
 
-    Every tenth message is sent a second time with the same _AMQ_DUPL_ID; the
-    duplicate_detection plugin must keep those copies from the broker.
+    Each of two addresses gets MESSAGES messages: 10% sent twice (duplicate
+    detection drops the copy), 5% poison (the handler fails: dead-lettered after 3
+    deliveries), 5% short-lived (expired before the consumers start: moved to the
+    expiry address). One address is used by plain stomp.py clients through the
+    sidecar, the other by GuardedProducer / GuardedConsumer, whose connection is cut
+    once while it holds handled, unacknowledged messages. Exit code 1 when a client
+    saw something wrong or the audit found an anomaly.
     """
     console = Console(soft_wrap=True)
-    try:
-        config = load_config(config_path)
-    except MqguardError as exc:
-        raise click.ClickException(str(exc)) from None
-    config = config.with_overrides(
-        event_log=config.core.event_log.model_copy(update={"directory": events_dir}))
-    address = f"mqguard.demo.{new_message_id()[:8]}"
-    with server_urls([broker], {broker: url}) as urls:
-        broker_url = urls[broker]
-        console.print(f"broker {broker} at {redact_url(broker_url)}, address {address}, "
-                      f"store {config.core.store}")
-        received: list[Message] = []
-        done = threading.Event()
+    out_dir = Path(out)
+    events_dir = out_dir / "events"
+    if events_dir.exists() and any(events_dir.iterdir()):
+        raise click.UsageError(f"{events_dir} holds an earlier run's events; give another "
+                               "--out or remove it (the audit would judge both runs)")
+    plan = DemoPlan(messages, seed=seed)
+    with _logs_to(out_dir / "demo.log"):
+        _run(console, plan, broker, url, redis_url, out_dir, events_dir, timeout, no_audit)
 
-        def handle(message: Message) -> None:
-            received.append(message)
-            if len(received) >= messages:
-                done.set()
 
-        started = time.perf_counter()
-        with Guard(config, role="app") as guard:
-            consumer = GuardedConsumer(open_adapter(broker_url), address, handle, guard)
-            with consumer, GuardedProducer(open_adapter(broker_url), guard) as producer:
-                batch = [producer.message(address, f"demo message {i}".encode(),
-                                          headers={"demo-index": str(i)},
-                                          duplicate_id=f"demo-{i}")
-                         for i in range(messages)]
-                # Every tenth message is sent twice: duplicate detection must drop the copy.
-                batch += [producer.message(address, b"duplicate", duplicate_id=f"demo-{i}")
-                          for i in range(0, messages, 10)]
-                for start in range(0, len(batch), 100):
-                    producer.send_batch(batch[start:start + 100])
-                if not done.wait(timeout):
-                    raise click.ClickException(
-                        f"only {len(received)} of {messages} messages came back in {timeout}s")
-                # Let the last acknowledgements reach the broker before disconnecting.
-                time.sleep(0.2)
-            node = guard.node_id
-        elapsed = time.perf_counter() - started
-    events = [e for e in read_events(events_dir) if e.get("node") == node]
-    counts = Counter(e["type"] for e in events)
-    table = Table(title=f"mqguard demo: {messages} messages via {broker} in {elapsed:.2f}s")
-    table.add_column("event")
-    table.add_column("count", justify="right")
-    for kind, count in sorted(counts.items()):
-        table.add_row(kind, str(count))
-    console.print(table)
-    ids = [m.message_id for m in received]
-    problems = []
-    if len(set(ids)) != messages:
-        problems.append(f"{len(ids) - len(set(ids))} duplicate deliveries")
-    duplicates = len(range(0, messages, 10))
-    expected = {"sent": messages, "delivered": messages, "acked": messages}
-    if guard.plugins.get_plugin("duplicate_detection") is not None:
-        expected["duplicate_rejected"] = duplicates
-    for kind, want in expected.items():
-        if counts[kind] != want:
-            problems.append(f"{counts[kind]} '{kind}' events, expected {want}")
-    console.print(f"event log: {Path(events_dir).resolve()}")
+def _run(console: Console, plan: DemoPlan, broker: str, url: str | None,
+         redis_url: str | None, out_dir: Path, events_dir: Path, timeout: float,
+         no_audit: bool) -> None:
+    base = f"demo.{new_message_id()[:8]}"
+    started_at = time.monotonic()
+    started: dict[str, ServerHandle] = {}
+    with console.status("starting Redis and the broker...") as status, \
+            server_urls([broker, "redis"], {broker: url, "redis": redis_url},
+                        started=started) as urls:
+        console.print(f"[bold]servers[/bold]: {broker} at {redact_url(urls[broker])}, "
+                      f"Redis at {redact_url(urls['redis'])}")
+        sidecar_config, app_config = demo_configs(events_dir, urls["redis"])
+
+        def report(text: str) -> None:
+            console.print(f"  {text}")
+            status.update(text)
+
+        status.update("sending...")
+        scenario = DemoScenario(urls[broker], sidecar_config, app_config, plan, base,
+                                report=report, timeout=timeout)
+        try:
+            legs = scenario.run()
+        except (TimeoutError, RuntimeError) as exc:
+            raise click.ClickException(f"the demo's traffic did not complete: {exc}") \
+                from None
+        console.print(f"traffic done in {time.monotonic() - started_at:.1f} s; event log "
+                      f"in {events_dir}")
+        problems = _client_problems(legs)
+        _print_traffic(console, legs)
+        audit_summary = None
+        if not no_audit:
+            status.update("auditing with Spark (starting a local session)...")
+            broker_log = str(started[broker].log_path) if broker in started else None
+            audit_summary = _audit(console, out_dir, events_dir, app_config,
+                                   urls["redis"], broker_log, status)
+    elapsed = time.monotonic() - started_at
+    if audit_summary is not None and audit_summary["anomalies"]:
+        problems.append(f"the audit found {audit_summary['anomalies']} anomalies")
     if problems:
-        raise click.ClickException("; ".join(problems))
-    console.print(f"[green]OK[/green]: {messages} messages sent, delivered once and "
-                  f"acknowledged; {counts['duplicate_rejected']} duplicate sends rejected "
-                  f"({messages / elapsed:.0f} msg/s round trip)")
+        for problem in problems:
+            console.print(f"[red]problem[/red]: {problem}")
+        sys.exit(1)
+    console.print(f"[green]OK[/green]: every message met its planned fate "
+                  f"({elapsed:.0f} s in all)")
+
+
+@contextmanager
+def _logs_to(path: Path) -> Iterator[None]:
+    """Logs go to a file while the demo runs: a WARN per dead-lettered or expired message
+    is the demo working, not news for the terminal. The handlers before are restored."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    for old in saved:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for old in saved:
+            root.addHandler(old)
+        root.setLevel(level)
+
+
+def _client_problems(legs: list[LegOutcome]) -> list[str]:
+    problems = []
+    for leg in legs:
+        if twice := leg.handled_twice():
+            problems.append(f"{leg.address}: {twice} messages handed to the handler twice")
+        poison = {p.index for p in leg.planned if p.kind is Kind.POISON}
+        over = [i for i in poison if leg.handled[i] > MAX_DELIVERY_ATTEMPTS]
+        if over:
+            problems.append(f"{leg.address}: {len(over)} poison messages delivered more "
+                            f"than {MAX_DELIVERY_ATTEMPTS} times")
+        expired = {p.index for p in leg.planned if p.kind is Kind.SHORT_LIVED}
+        if late := [i for i in expired if leg.handled[i]]:
+            problems.append(f"{leg.address}: {len(late)} expired messages handed to the "
+                            "handler")
+    return problems
+
+
+def _print_traffic(console: Console, legs: list[LegOutcome]) -> None:
+    table = Table(title=f"what the clients saw ({legs[0].address.rpartition('.')[0]}.*)")
+    for column in ("address", "via", "msgs", "dup sends", "handled once", "DLQ", "expired",
+                   "twice", "unacked at cut"):
+        table.add_column(column, justify="left" if column in ("address", "via") else "right")
+    for leg, path in zip(legs, ("sidecar", "wrappers"), strict=True):
+        want = expected_fates(leg.planned)
+        normal = [p.index for p in leg.planned if p.kind is Kind.NORMAL]
+        table.add_row(
+            leg.address.rpartition(".")[2], path, str(len(leg.planned)),
+            str(want["duplicate_rejected"]),
+            f"{sum(1 for i in normal if leg.handled[i] == 1)}/{want['handled']}",
+            f"{leg.dead_letters}/{want['dead_lettered']}",
+            f"{leg.expired_copies}/{want['expired']}", str(leg.handled_twice()),
+            str(leg.failover_unacked) if path == "wrappers" else "-")
+    console.print(table)
+
+
+def _audit(console: Console, out_dir: Path, events_dir: Path, config: MqguardConfig,
+           redis_url: str, broker_log: str | None, status: Any) -> dict[str, Any]:
+    try:
+        from mqguard.audit.cross_checks import CrossInputs
+        from mqguard.audit.runner import AuditOptions, run_audit
+        from mqguard.audit.session import build_session
+        from mqguard.audit.summary import print_summary
+    except ImportError as exc:
+        raise click.ClickException(f"the audit needs PySpark ({exc}): pip install "
+                                   "'mqguard[spark]', or run the demo with --no-audit") \
+            from None
+    audit_dir = out_dir / "audit"
+    os.makedirs(audit_dir, exist_ok=True)
+    options = AuditOptions(
+        inputs=[str(events_dir)], out=str(audit_dir), config=config, grace_ms=0,
+        cross=CrossInputs(redis_url=redis_url,
+                          broker_logs=[broker_log] if broker_log else []))
+    from pyspark import SparkContext
+
+    # A session already running in this process (a notebook, a test) is used, not stopped.
+    owned = SparkContext._active_spark_context is None
+    spark = build_session(log_path=str(audit_dir / "spark.log"))
+    try:
+        result = run_audit(spark, options, lambda stage: status.update(f"audit: {stage}"))
+    finally:
+        if owned:
+            spark.stop()
+    print_summary(result.summary)
+    console.print(f"audit summary: {(audit_dir / 'summary.json').resolve()}")
+    return result.summary

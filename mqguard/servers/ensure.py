@@ -24,9 +24,13 @@ PRIMARY_SCHEME = {
 
 
 @contextmanager
-def server_urls(kinds: Iterable[str], given: Mapping[str, str | None] | None = None
-                ) -> Iterator[dict[str, str]]:
-    """Yield ``{kind: url}``: the given URL, or that of a local server started here."""
+def server_urls(kinds: Iterable[str], given: Mapping[str, str | None] | None = None, *,
+                started: dict[str, ServerHandle] | None = None) -> Iterator[dict[str, str]]:
+    """Yield ``{kind: url}``: the given URL, or that of a local server started here.
+
+    ``started``, when given, receives the handle of each server started here (for its
+    log path, say), by kind.
+    """
     given = dict(given or {})
     wanted = list(dict.fromkeys(kinds))
     missing = [kind for kind in wanted if not given.get(kind)]
@@ -44,6 +48,8 @@ def server_urls(kinds: Iterable[str], given: Mapping[str, str | None] | None = N
                         errors.append(exc)
                         continue
                     handles.append(handle)
+                    if started is not None:
+                        started[kind] = handle
                     given[kind] = handle.urls[PRIMARY_SCHEME[kind]]
                 if errors:
                     raise errors[0]

@@ -20,15 +20,6 @@ def test_version_and_help() -> None:
         assert command in out
 
 
-@pytest.mark.activemq
-def test_demo_round_trip(activemq_server: Any, tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["demo", "--url", activemq_server.urls["stomp"],
-                                       "-n", "200", "--events-dir", str(tmp_path / "ev")])
-    assert result.exit_code == 0, result.output
-    text = " ".join(result.output.split())
-    assert "OK: 200 messages" in text and "20 duplicate sends rejected" in text
-
-
 def test_config_check_reports_errors(tmp_path: Path) -> None:
     bad = tmp_path / "mqguard.toml"
     bad.write_text('[address-settings."#"]\nredelivery-delay = -5\n')

@@ -1,0 +1,1 @@
+"""``mqguard demo``: every guarantee on real servers, then the Spark audit of what happened."""
