@@ -11,14 +11,21 @@ Semantics are pluggy's: implementations are called last-registered first,
 call order), each with the subset of arguments it asks for; a firstresult
 call stops at the first non-None result; exceptions propagate. A hook with a
 wrapper implementation (old- or new-style) goes through pluggy itself.
+
+Observer hooks are the exception to pluggy's semantics: :meth:`HotCall.each` and
+:func:`observe` log what an implementation raises and go on (see the hookspecs'
+module docstring for why).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pluggy
+
+log = logging.getLogger("mqguard.plugins")
 
 _Entry = tuple[Callable[..., Any], Sequence[str]]
 
@@ -59,10 +66,37 @@ class HotCall:
         return None
 
     def each(self, **kwargs: Any) -> None:
-        """Call every implementation (an observer hook); results are ignored."""
+        """Call every implementation (an observer hook); results are ignored.
+
+        What an implementation raises is logged, and the next one is called.
+        """
         entries = self._current()
         if self._use_pluggy:
-            self._caller(**kwargs)
+            observe(self._caller, **kwargs)
             return
         for function, names in entries:
-            function(*[kwargs[name] for name in names])
+            try:
+                function(*[kwargs[name] for name in names])
+            except Exception:
+                _log_failure(self._caller.name, function)
+
+
+def observe(caller: pluggy.HookCaller, **kwargs: Any) -> None:
+    """Call an observer hook through pluggy, if implemented; log what it raises.
+
+    Skipped when nothing implements it: pluggy's call machinery costs
+    microseconds even then, and the deliver path calls several observers per
+    message. Through pluggy an exception ends the call, so implementations after
+    the failing one are not called (hooks with wrappers only; others use HotCall).
+    """
+    if not caller.get_hookimpls():
+        return
+    try:
+        caller(**kwargs)
+    except Exception:
+        _log_failure(caller.name, None)
+
+
+def _log_failure(hook: str, function: Callable[..., Any] | None) -> None:
+    where = f"{function.__module__}.{function.__qualname__}" if function is not None else hook
+    log.exception("observer %s failed in %s; the message's fate is unchanged", hook, where)

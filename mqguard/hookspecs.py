@@ -15,9 +15,14 @@ Three kinds of hooks:
   ``tryfirst`` / ``trylast``.
 * :func:`before_send_batch` collects: every implementation is called and
   their ``{index: verdict}`` answers are merged.
-* **Observers** (everything else) return nothing. They must not raise: the
-  pipeline does not catch their exceptions (one from ``after_send`` reaches the
-  sender although the broker has the message), so catch and log your own.
+* **Observers** (everything else but the lifecycle hooks) return nothing. An
+  exception raised by one is logged (logger ``mqguard.plugins``, with the
+  implementation's name) and does not change the message's fate nor stop the
+  other observers: the broker already has the message (``after_send``) or the
+  acknowledgement (``message_acknowledged``), and a bookkeeping plugin's bug must
+  not make a sender resend or a consumer believe a message is unsettled.
+  The lifecycle hooks (:func:`configure`, :func:`guard_started`,
+  :func:`guard_stopping`) do raise: a plugin that cannot start stops the guard.
 
 Every hook but the lifecycle ones receives a :class:`~mqguard.context.HookContext`
 as ``ctx``: the resolved address settings, the store, the event log, the

@@ -20,7 +20,7 @@ from mqguard.config import MqguardConfig, load_config
 from mqguard.context import HookContext
 from mqguard.errors import MessageRejected, TransactionRolledBack
 from mqguard.events import EventLog, EventType, NullEventLog
-from mqguard.hookcall import HotCall
+from mqguard.hookcall import HotCall, observe
 from mqguard.message import (
     ACTUAL_EXPIRY_HEADER,
     MOVE_REASON_HEADER,
@@ -49,16 +49,6 @@ _DEFAULT_EVENT = {
     Action.DROP: EventType.DROPPED,
     Action.MOVE: EventType.MOVED,
 }
-
-
-def _observe(caller: pluggy.HookCaller, **kwargs: object) -> None:
-    """Call an observer hook only when some plugin implements it.
-
-    pluggy's call machinery costs microseconds even with no implementation, and
-    the deliver path calls several observers per message.
-    """
-    if caller.get_hookimpls():
-        caller(**kwargs)
 
 
 @dataclass(slots=True)
@@ -301,7 +291,7 @@ class Guard:
         classifies it as "unknown outcome" and reconciles it with deliveries later."""
         self.events.emit(EventType.SEND_FAILED, message, reason=repr(exc),
                          transaction=ctx.transaction)
-        self.hook.on_send_exception(message=message, ctx=ctx, exception=exc)
+        observe(self.hook.on_send_exception, message=message, ctx=ctx, exception=exc)
 
     # -- transactions ------------------------------------------------------------------
 
@@ -346,19 +336,19 @@ class Guard:
         for message in transaction.messages:
             self.events.emit(EventType.SEND_FAILED, message, reason=reason, transaction=tx_id)
         self.events.emit(EventType.TX_ROLLED_BACK, transaction=tx_id, reason=reason)
-        self.hook.transaction_ended(transaction=tx_id, committed=False, ctx=ctx)
+        observe(self.hook.transaction_ended, transaction=tx_id, committed=False, ctx=ctx)
 
     def committed(self, transaction: TransactionState, ctx: HookContext) -> None:
         """The broker confirmed a COMMIT: its messages count as sent."""
         tx_id = transaction.transaction_id
         for message in transaction.messages:
             self.events.emit(EventType.SENT, message, transaction=tx_id)
-            self.hook.after_send(message=message, ctx=self.context(
+            observe(self.hook.after_send, message=message, ctx=self.context(
                 message.address, ctx.capabilities, role="producer", transaction=tx_id,
                 broker=ctx.broker))
         self.events.emit(EventType.TX_COMMITTED, transaction=tx_id,
                          count=len(transaction.messages))
-        self.hook.transaction_ended(transaction=tx_id, committed=True, ctx=ctx)
+        observe(self.hook.transaction_ended, transaction=tx_id, committed=True, ctx=ctx)
 
     def abort(self, adapter: Adapter, transaction: TransactionState,
               reason: str = "aborted by the application") -> None:
@@ -376,7 +366,7 @@ class Guard:
         """Record a transaction that ended without a commit (the abort went to the broker)."""
         self.events.emit(EventType.TX_ROLLED_BACK, transaction=transaction.transaction_id,
                          reason=reason, count=len(transaction.messages))
-        self.hook.transaction_ended(transaction=transaction.transaction_id,
+        observe(self.hook.transaction_ended, transaction=transaction.transaction_id,
                                     committed=False, ctx=ctx)
 
     # -- deliver path ------------------------------------------------------------------
@@ -491,7 +481,7 @@ class Guard:
         message = delivery.message
         self.events.emit(EventType.HANDLER_FAILED, message, queue=ctx.queue,
                          reason=f"{type(error).__name__}: {error}"[:500])
-        self.hook.after_deliver(message=message, ctx=ctx, error=error)
+        observe(self.hook.after_deliver, message=message, ctx=ctx, error=error)
         verdict = self.hook.on_handler_failure(message=message, ctx=ctx, error=error)
         if verdict is None:
             # No plugin took charge. Only a broker whose NACK requeues gets one: an
@@ -502,7 +492,7 @@ class Guard:
                 self._nack(adapter, delivery, ctx)
             else:
                 self.events.emit(EventType.NACKED, message, queue=ctx.queue, requeue=False)
-                _observe(self.hook.message_nacked, message=message, ctx=ctx, requeue=False)
+                observe(self.hook.message_nacked, message=message, ctx=ctx, requeue=False)
         elif verdict.action is Action.CONTINUE:
             if verdict.event:
                 self._record_verdict(message, verdict, ctx)
@@ -557,7 +547,7 @@ class Guard:
     def _nack(self, adapter: Adapter, delivery: Delivery, ctx: HookContext) -> None:
         adapter.nack(delivery, requeue=True)
         self.events.emit(EventType.NACKED, delivery.message, queue=ctx.queue, requeue=True)
-        _observe(self.hook.message_nacked, message=delivery.message, ctx=ctx, requeue=True)
+        observe(self.hook.message_nacked, message=delivery.message, ctx=ctx, requeue=True)
 
     def _resend_delayed(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
                         delay_ms: int) -> None:
@@ -638,7 +628,7 @@ class Guard:
             self.events.emit(event, message, queue=ctx.queue, reason=verdict.reason or None)
         self._ack(adapter, delivery, ctx, verdict.ack_reason)
         if verdict.expiry:
-            self.hook.message_expired(message=message, ctx=ctx, moved_to=verdict.address)
+            observe(self.hook.message_expired, message=message, ctx=ctx, moved_to=verdict.address)
 
     def _ack(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
              reason: AckReason) -> None:
@@ -679,4 +669,4 @@ class Guard:
         """Record a confirmed move: the ``moved`` event and the ``message_moved`` hook."""
         self.events.emit(EventType.MOVED, message, queue=ctx.queue, target=copy.address,
                          new_message_id=copy.message_id, reason=reason or None)
-        self.hook.message_moved(original=message, copy=copy, ctx=ctx, reason=reason)
+        observe(self.hook.message_moved, original=message, copy=copy, ctx=ctx, reason=reason)

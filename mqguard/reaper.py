@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from mqguard.adapter import Adapter, Delivery, SubscribeOptions
 from mqguard.context import HookContext
 from mqguard.events import EventType
+from mqguard.hookcall import observe
 from mqguard.message import Message, now_ms
 from mqguard.pipeline import Guard
 from mqguard.verdict import AckReason
@@ -147,11 +148,11 @@ class ExpiryReaper:
 
     def _scan(self, address: str, strategy: str, reap: object) -> ScanResult:
         ctx = self._context(address)
-        self.guard.hook.before_expiry_scan(address=address, ctx=ctx)
+        observe(self.guard.hook.before_expiry_scan, address=address, ctx=ctx)
         started = time.perf_counter()
         expired = reap(address, ctx)  # type: ignore[operator]
         seconds = time.perf_counter() - started
-        self.guard.hook.after_expiry_scan(address=address, ctx=ctx, expired=expired)
+        observe(self.guard.hook.after_expiry_scan, address=address, ctx=ctx, expired=expired)
         if expired:
             log.info("expiry scan of %s: %d expired message(s) moved in %.2f s", address,
                      expired, seconds)
@@ -285,7 +286,7 @@ class ExpiryReaper:
                           reason=_reason(message) + ("" if target else "; no expiry-address"))
         guard.events.emit(EventType.ACKED, message, queue=ctx.queue,
                           ack_reason=AckReason.EXPIRED.value)
-        guard.hook.message_expired(message=message, ctx=ctx, moved_to=target)
+        observe(guard.hook.message_expired, message=message, ctx=ctx, moved_to=target)
 
 
 def _reason(message: Message) -> str:

@@ -28,9 +28,13 @@ def check(path: str | None) -> None:
         manager = make_plugin_manager(cfg)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    plugins = sorted(name for name, _ in manager.list_name_plugin() if name)
+    # A blocked (disabled) plugin is listed by pluggy with None in place of the object.
+    plugins = sorted(name for name, plugin in manager.list_name_plugin()
+                     if name and plugin is not None)
+    disabled = sorted(cfg.core.disabled_plugins)
     click.echo(f"{cfg.source}: OK ({len(cfg.address_settings)} address-settings entries; "
-               f"plugins: {', '.join(plugins)})")
+               f"plugins: {', '.join(plugins) or 'none'}"
+               + (f"; disabled: {', '.join(disabled)})" if disabled else ")"))
 
 
 @config.command("show")

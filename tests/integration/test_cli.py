@@ -111,3 +111,13 @@ def test_sidecar_command_rejects_bad_arguments() -> None:
     assert result.exit_code == 1 and "--listen must be HOST:PORT" in result.output
     result = runner.invoke(main, ["sidecar", "--help"])
     assert result.exit_code == 0 and "--upstream" in result.output
+
+
+def test_config_check_lists_disabled_plugins_apart(tmp_path: Path) -> None:
+    cfg = tmp_path / "mqguard.toml"
+    cfg.write_text('[mqguard]\ndisabled-plugins = ["consumer_audit"]\n')
+    result = CliRunner().invoke(main, ["config", "check", str(cfg)])
+    assert result.exit_code == 0, result.output
+    loaded, _, disabled = " ".join(result.output.split()).partition("; disabled:")
+    assert "consumer_audit" not in loaded and "delivery_counting" in loaded
+    assert "consumer_audit" in disabled
