@@ -156,3 +156,30 @@ def test_planted_redis_anomalies_are_found(spark: Any, any_redis_url: str, tmp_p
     assert summary["classes"]["count_stale"]["anomaly"] is False
     assert summary["classes"]["ring_mismatch"]["by_address"]["other"]["count"] == 2
     assert result.exit_code == 1
+
+
+def test_cli_broker_log_typo_is_a_usage_error_before_spark(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from mqguard.cli.audit import audit
+
+    (tmp_path / "events-n.jsonl").write_text("")
+    result = CliRunner().invoke(audit, [str(tmp_path), "--broker-log",
+                                        str(tmp_path / "missing.log")])
+    assert result.exit_code == 2 and "missing.log: no such file" in result.output
+
+
+def test_cli_unreachable_redis_fails_without_printing_the_password(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from mqguard.cli.audit import audit
+
+    c = Cluster(tmp_path / "events", monkeypatch, flush_each=True)
+    c.handled(c.send("m-1"))
+    c.close()
+    result = CliRunner().invoke(audit, [
+        str(tmp_path / "events"), "--out", str(tmp_path / "out"), "--json",
+        "--redis", "redis://auditor:pw-S3cret@127.0.0.1:1/0"])
+    assert result.exit_code == 3, result.output
+    assert "pw-S3cret" not in result.output and "redis://auditor:***@127.0.0.1:1/0" in result.output
