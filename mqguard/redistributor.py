@@ -28,16 +28,18 @@ completes leaves the originals unacknowledged (the source broker redelivers
 them: nothing lost); after (3), step (1) of the next attempt finds the ids.
 
 A crash between the target's confirmation and (3) is closed with markers where
-every other node has transactions, browse and selectors (ActiveMQ): the bridge
-ids are first added to a ``BRIDGE-PENDING.<queue>`` ring, and each target gets
-its copies *and* one marker per copy (an empty message with header
-``mqguard_bridge = <bridge id>`` on ``mqguard.bridge.<queue>``) in one broker
-transaction. The next attempt browses the markers of the pending ids it meets:
-a marker proves the copy committed (then only (3) and (4) remain), no marker
-proves it did not (the copy is sent again). Markers are consumed once their ids
-are in the cache. On other brokers (RabbitMQ: no browse, no selectors) that one
-store round trip remains a window for a second copy at rest, which the shared
-consumer audit (same producer and sequence) keeps from a handler.
+every other node has transactions and browse (ActiveMQ): the bridge ids are
+first added to a ``BRIDGE-PENDING.<queue>`` ring, and each target gets its
+copies *and* one marker (a message on ``mqguard.bridge.<queue>`` whose body lists
+the copies' bridge ids) in one broker transaction. The next attempt browses the
+markers of the pending ids it meets: a marker proves the copy committed (then
+only (3) and (4) remain), no marker proves it did not (the copy is sent again).
+Markers are consumed once all their ids are in the cache. A browse sees as many
+markers as the broker's browse page allows (ActiveMQ ``maxBrowsePageSize``, 400
+by default): beyond it a copy would be sent again, never lost. On other brokers
+(RabbitMQ: no browse) that one store round trip remains a window for a second
+copy at rest, which the shared consumer audit (same producer and sequence) keeps
+from a handler.
 
 The copies do not go through the guard's ``before_send``: its check-and-add
 records an id *before* the broker confirms, which would turn a crash in between
@@ -86,8 +88,11 @@ MAX_BATCH = 1000
 FALLBACK_CACHE_SIZE = 20000
 
 
-#: Header of a marker message (a JMS identifier, so selectors can name it).
-MARKER_HEADER = "mqguard_bridge"
+#: Header of a marker message: how many bridge ids its body lists (one per line).
+MARKER_HEADER = "mqguard_bridge_ids"
+#: Most markers read in one browse of a marker queue (they are consumed after each move,
+#: so only those of interrupted moves stay); more makes the browse fail rather than guess.
+MAX_MARKERS = 100_000
 
 
 def marker_queue(queue: str) -> str:
@@ -100,12 +105,17 @@ def pending_cache_name(queue: str) -> str:
     return f"BRIDGE-PENDING.{queue}"
 
 
-def _marker(queue: str, bridge_id: str) -> Message:
-    return Message(address=marker_queue(queue), headers={MARKER_HEADER: bridge_id})
+def _marker(queue: str, bridge_ids: Sequence[str]) -> Message:
+    """One marker for the copies of one batch to one node: their bridge ids, one a line."""
+    return Message(address=marker_queue(queue), body="\n".join(bridge_ids).encode(),
+                   headers={MARKER_HEADER: str(len(bridge_ids))})
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+def _marker_ids(message: Message) -> list[str]:
+    try:
+        return [line for line in message.body.decode().split("\n") if line]
+    except UnicodeDecodeError:
+        return []
 
 
 def bridge_cache(queue: str) -> str:
@@ -136,6 +146,7 @@ class Redistributor:
 
     def __init__(self, guard: Guard, group: str, *, queues: Sequence[str] = (),
                  batch_size: int = 100, idle_ms: int = 300, pause_ms: int = 0,
+                 first_wait_ms: int = 1000,
                  adapters: Mapping[str, Adapter] | None = None,
                  on_move: Callable[[str, str, str, str, int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -151,6 +162,8 @@ class Redistributor:
         self.batch_size = batch_size
         self.idle_s = idle_ms / 1000
         self.pause_s = pause_ms / 1000
+        #: How long a move waits for its first message (a deep queue takes the broker time).
+        self.first_wait_s = max(0, first_wait_ms) / 1000
         self.urls = {node_name(url): url for url in self.group.nodes}
         self._adapters: dict[str, Adapter] = dict(adapters or {})
         self._owned: set[str] = set()
@@ -271,7 +284,9 @@ class Redistributor:
         subscription = adapter.subscribe(queue, collector, options)
         used: set[str] = set()
         try:
-            while batch := collector.take(self.batch_size, self.idle_s):
+            first_s = self.first_wait_s
+            while batch := collector.take(self.batch_size, self.idle_s, first_s):
+                first_s = 0.0
                 used |= self._move_batch(queue, source, targets, batch, adapter, result)
                 if self.pause_s:
                     time.sleep(self.pause_s)
@@ -308,10 +323,10 @@ class Redistributor:
         return None
 
     def _transactional(self, nodes: Sequence[str]) -> bool:
-        """Can every node hold markers: transactions, browse and selectors (ActiveMQ)?"""
+        """Can every node hold markers: transactions and browse (ActiveMQ)?"""
         for node in nodes:
             caps = self.adapter(node).capabilities
-            if not (caps.transactions and caps.browse and caps.selectors
+            if not (caps.transactions and caps.browse
                     and hasattr(self.adapter(node), "wait_browse_end")):
                 return False
         return True
@@ -368,9 +383,8 @@ class Redistributor:
                 tx = target_adapter.begin()
                 try:
                     target_adapter.send_many(copies, transaction=tx)
-                    target_adapter.send_many(
-                        [_marker(queue, bridge_id) for _, _, bridge_id in items],
-                        transaction=tx)
+                    target_adapter.send(_marker(queue, [b for _, _, b in items]),
+                                        transaction=tx)
                 except BaseException:
                     with contextlib.suppress(Exception):
                         target_adapter.abort(tx)
@@ -400,33 +414,34 @@ class Redistributor:
 
     def _find_markers(self, queue: str, nodes: Sequence[str], bridge_ids: list[str]
                       ) -> dict[str, str]:
-        """Which of ``bridge_ids`` have a marker on which node (browsed, so nothing is
-        consumed). Raises when a browse does not finish: the batch is then retried later
+        """Which of ``bridge_ids`` a marker lists, and on which node (browsed, so nothing
+        is consumed). Raises when a browse does not finish: the batch is then retried later
         rather than guessed."""
         wanted = set(bridge_ids)
-        selector = f"{MARKER_HEADER} IN ({', '.join(_quote(b) for b in bridge_ids)})"
         found: dict[str, str] = {}
         for node in nodes:
             adapter = self.adapter(node)
             collector = _Collector()
-            subscription = adapter.subscribe(
-                marker_queue(queue), collector,
-                SubscribeOptions(browse=True, selector=selector, prefetch=MAX_BATCH))
+            subscription = adapter.subscribe(marker_queue(queue), collector,
+                                             SubscribeOptions(browse=True, prefetch=MAX_BATCH))
             try:
                 if not adapter.wait_browse_end(subscription, 30):  # type: ignore[attr-defined]
                     raise AdapterError(f"browsing the markers of {queue} on {node} did not "
                                        "finish in 30 s")
-                for delivery in collector.take(MAX_BATCH * 2, 0.01):
-                    value = delivery.message.headers.get(MARKER_HEADER)
-                    if value in wanted:
-                        found[value] = node
+                markers = collector.take(MAX_MARKERS + 1, 0.001)
+                if len(markers) > MAX_MARKERS:
+                    raise AdapterError(f"more than {MAX_MARKERS} markers of {queue} on {node}")
+                for delivery in markers:
+                    for bridge_id in _marker_ids(delivery.message):
+                        if bridge_id in wanted:
+                            found[bridge_id] = node
             finally:
                 adapter.unsubscribe(subscription)
         return found
 
     def _clean_markers(self, queue: str, node: str) -> None:
-        """Consume the markers on ``node`` whose copies are recorded as done (best effort:
-        one left behind is found again and consumed by a later pass)."""
+        """Consume the markers on ``node`` whose copies are all recorded as done (best
+        effort: one left behind is consumed by a later pass)."""
         cache = bridge_cache(queue)
         try:
             adapter = self.adapter(node)
@@ -435,10 +450,11 @@ class Redistributor:
                                              SubscribeOptions(prefetch=MAX_BATCH))
             try:
                 while batch := collector.take(MAX_BATCH, self.idle_s / 3):
-                    ids = [d.message.headers.get(MARKER_HEADER, "") for d in batch]
-                    done = self.guard.store.ring_contains(cache, [id_digest(b) for b in ids])
-                    for delivery, flag in zip(batch, done, strict=True):
-                        if flag:
+                    for delivery in batch:
+                        ids = _marker_ids(delivery.message)
+                        done = self.guard.store.ring_contains(
+                            cache, [id_digest(b) for b in ids])
+                        if all(done):
                             adapter.ack(delivery)
             finally:
                 adapter.unsubscribe(subscription)

@@ -31,9 +31,14 @@ from mqguard.redistributor import MAX_BATCH, QueueResult, Redistributor
               help="Messages moved per batch (one confirmed send per target, one store call).")
 @click.option("--pause-ms", type=click.IntRange(0, 60_000), default=0, show_default=True,
               help="Pause between batches: caps the rate at which a backlog is moved.")
+@click.option("--first-wait-ms", type=click.IntRange(0, 600_000), default=1000,
+              show_default=True,
+              help="How long a move waits for the first message of a queue (deep ActiveMQ "
+                   "queues take a while to page in).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
 def redistribute(group: str, queues: tuple[str, ...], config_path: str | None, loop: bool,
-                 period: int | None, batch: int, pause_ms: int, as_json: bool) -> None:
+                 period: int | None, batch: int, pause_ms: int, first_wait_ms: int,
+                 as_json: bool) -> None:
     """Redistribute a broker group's queues (Artemis message redistribution).
 
     A node's queue with no live consumer for redistribution-delay ms (address setting;
@@ -46,7 +51,7 @@ def redistribute(group: str, queues: tuple[str, ...], config_path: str | None, l
         config = load_config(config_path)
         with Guard(config, role="redistributor") as guard:
             redistributor = Redistributor(guard, group, queues=queues, batch_size=batch,
-                                          pause_ms=pause_ms)
+                                          pause_ms=pause_ms, first_wait_ms=first_wait_ms)
             if not redistributor.queues:
                 raise click.UsageError(
                     "no queues: give --queue or set `queues` in the group's configuration")

@@ -209,12 +209,12 @@ def test_sidecar_hosts_the_redistributor_with_metrics(
     assert drain(url_a, unique_name, first_s=0.5) == []
 
 
-def test_a_copy_committed_but_not_recorded_is_found_by_its_marker(
+def test_copies_committed_but_not_recorded_are_found_by_their_marker(
         activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
-    """The state a crash between the target's COMMIT and recording the bridge id leaves:
-    the id pending, the copy and its marker on B. The next attempt finds the marker,
-    records the id and acknowledges the original; it sends no second copy."""
-    from mqguard.redistributor import MARKER_HEADER, marker_queue, pending_cache_name
+    """The state a crash between the target's COMMIT and recording the bridge ids leaves:
+    the ids pending, the copies and their batch's marker on B. The next attempt finds the
+    marker, records the ids and acknowledges the originals; it sends no second copy."""
+    from mqguard.redistributor import _marker, marker_queue, pending_cache_name
 
     url_a, url_b = urls(activemq_pair)
     config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
@@ -222,15 +222,16 @@ def test_a_copy_committed_but_not_recorded_is_found_by_its_marker(
     with Guard(config) as guard:
         sent = send_backlog(guard, unique_name, 6)
         capacity = guard.settings.resolve(unique_name).id_cache_size
-        first = sent[0]
-        bridge_id = f"{first.message_id}:0"
-        guard.store.ring_check_and_add(pending_cache_name(unique_name), [id_digest(bridge_id)],
-                                       capacity)
+        bridge_ids = [f"{m.message_id}:0" for m in sent[:2]]
+        guard.store.ring_check_and_add(pending_cache_name(unique_name),
+                                       [id_digest(b) for b in bridge_ids], capacity)
         node_b = open_adapter(url_b)
         node_b.connect()
         try:
-            node_b.send(Redistributor._copy(first, unique_name, node_name(url_a), bridge_id))
-            node_b.send(Message(marker_queue(unique_name), headers={MARKER_HEADER: bridge_id}))
+            for message, bridge_id in zip(sent[:2], bridge_ids, strict=True):
+                node_b.send(Redistributor._copy(message, unique_name, node_name(url_a),
+                                                bridge_id))
+            node_b.send(_marker(unique_name, bridge_ids))
         finally:
             node_b.close()
         with GroupConsumer("g", url_b, unique_name, received, guard):
@@ -241,13 +242,13 @@ def test_a_copy_committed_but_not_recorded_is_found_by_its_marker(
                 redistributor.close()
             assert received.wait(6) == 6
             time.sleep(0.5)
-        assert moved == 5
+        assert moved == 4
         assert sorted(m.message_id for m in received.messages) == sorted(
             m.message_id for m in sent)
-        assert guard.store.ring_contains(bridge_cache(unique_name), [id_digest(bridge_id)]) \
-            == [True]
+        assert guard.store.ring_contains(bridge_cache(unique_name),
+                                         [id_digest(b) for b in bridge_ids]) == [True, True]
     assert drain(url_a, unique_name) == []
-    # Every marker was cleaned up once its copy was recorded.
+    # Every marker was consumed once all its copies were recorded.
     assert drain(url_b, marker_queue(unique_name), first_s=0.5) == []
 
 
