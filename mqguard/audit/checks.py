@@ -206,6 +206,8 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
                    | (_is(E.MOVED) & F.col("queue").isNotNull())).alias("deliver_path"),
         F.count_if(delivered).alias("delivered"),
         F.min(F.when(terminal, F.col("ts"))).alias("terminal_ts"),
+        # The first terminal event's type: the fate drawn in the report's timeline.
+        F.min(F.when(terminal, F.struct("ts", "type")))["type"].alias("fate"),
         F.min(F.when(readable, F.col("ts"))).alias("first_ts"),
         F.max(F.when(readable, F.col("ts"))).alias("last_ts"),
         F.max(F.when(_is(E.REDELIVERY_SCHEDULED),

@@ -15,6 +15,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
+from mqguard.audit import report
 from mqguard.audit.checks import (
     CheckOptions,
     address_stats,
@@ -55,6 +56,8 @@ class AuditOptions:
     examples: int = 5
     #: Redis state and broker logs to check against the event log (--redis, --broker-log).
     cross: CrossInputs = field(default_factory=CrossInputs)
+    #: Write ``out/report.html`` (charts need matplotlib, in the ``spark`` extra).
+    html: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ def _no_progress(stage: str) -> None:
 
 def run_audit(spark: SparkSession, options: AuditOptions,
               progress: Callable[[str], None] = _no_progress) -> AuditResult:
-    """Audit ``options.inputs``; writes ``out/findings`` and ``out/summary.json``.
+    """Audit ``options.inputs``; writes ``out/findings``, ``out/summary.json`` and
+    (``options.html``) ``out/report.html``.
 
     Raises :class:`~mqguard.audit.events.AuditInputError` when an input names nothing.
     """
@@ -103,6 +107,11 @@ def run_audit(spark: SparkSession, options: AuditOptions,
         limits = resolve_limits(options.config, addresses,
                                 max_delivery_attempts=options.max_delivery_attempts)
         drained = {s["address"]: s["drained_to"] for s in stats if s["address"] is not None}
+        if options.html:
+            progress("charting")
+            first = min((s["first_ts"] for s in stats if s["first_ts"] is not None),
+                        default=None)
+            charts = report.chart_data(facts, first, last)
 
         progress("checking messages")
         findings = classify(facts, context_frame(spark, limits, drained), watermark,
@@ -131,5 +140,10 @@ def run_audit(spark: SparkSession, options: AuditOptions,
         seconds={"audit": time.perf_counter() - started})
     if cross is not None:
         summary.update(cross.summary)
+    summary["report"] = None
+    if options.html:
+        progress("writing the report")
+        examples = report.first_findings(read_findings(spark, path), options.examples)
+        summary["report"] = report.write_report(summary, charts, examples, options.out)
     write_summary(summary, options.out)
     return AuditResult(summary)

@@ -86,7 +86,8 @@ def build_summary(*, files: Sequence[str], stats: Sequence[Mapping[str, Any]],
     class ``anomaly``, ``description``, ``count`` and ``by_address`` (``count`` and
     the first ``examples`` by time); ``addresses``:
     per address ``messages``, ``sent`` (accepted), ``deliveries``, ``with_fate``;
-    ``settings`` the audit ran with; ``out``; ``seconds``.
+    ``settings`` the audit ran with; ``out``; ``seconds``. The runner adds ``report``:
+    the path of the HTML report (None with ``--no-html``).
     """
     messages = [s for s in stats if s["messages"]]
 
@@ -159,3 +160,5 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         f"{summary['files']} file(s), {summary['messages']:,} messages, watermark "
         f"{summary['watermark_time']} ({summary['watermark_source']}): {verdict}. "
         f"Details: {summary['out']}")
+    if summary.get("report"):
+        console.print(f"Report: {summary['report']}", highlight=False, soft_wrap=True)

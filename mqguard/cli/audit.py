@@ -6,12 +6,10 @@ command runs: ``mqguard --help`` and every other command work without it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,18 +61,6 @@ def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
     return conf
 
 
-@contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Any]:
-    """A spinner on stderr naming the current stage (only on a terminal)."""
-    if not enabled or not sys.stderr.isatty():
-        yield lambda stage: None
-        return
-    from rich.console import Console
-
-    with Console(stderr=True).status("starting Spark") as status:
-        yield lambda stage: status.update(stage)
-
-
 @click.command()
 @click.argument("inputs", nargs=-1, metavar="[INPUT]...")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
@@ -122,6 +108,8 @@ def _progress(enabled: bool) -> Iterator[Any]:
               help="Driver memory of a local session.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Any Spark setting (repeatable).")
+@click.option("--no-html", is_flag=True,
+              help="Do not write OUT/report.html (the offline HTML report with charts).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON to stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status tells.")
 def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark: int | None,
@@ -129,7 +117,7 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
           expiry_tolerance_ms: int, examples: int, redis_url: str | None,
           redis_namespace: str, broker_logs: tuple[str, ...], tolerance_ms: int, master: str,
           shuffle_partitions: int | None, driver_memory: str, spark_conf: tuple[str, ...],
-          as_json: bool, quiet: bool) -> None:
+          no_html: bool, as_json: bool, quiet: bool) -> None:
     """Audit event logs: was anything lost, duplicated, over-delivered or late?
 
     INPUT: event-log directories, files (.jsonl, rotated .jsonl.gz) or globs;
@@ -155,6 +143,7 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
         from mqguard.audit.checks import CheckOptions
         from mqguard.audit.cross_checks import CrossInputs, validate
         from mqguard.audit.events import AuditInputError, expand_inputs
+        from mqguard.audit.progress import terminal_progress
         from mqguard.audit.runner import AuditOptions, run_audit
         from mqguard.audit.session import build_session
         from mqguard.audit.summary import print_summary
@@ -181,16 +170,18 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
         inputs=inputs, out=out, config=config, watermark=watermark, grace_ms=grace_ms,
         max_delivery_attempts=max_delivery_attempts, examples=examples,
         checks=CheckOptions(expiry_tolerance_ms=expiry_tolerance_ms,
-                            assume_drained=assume_drained), cross=cross)
+                            assume_drained=assume_drained), cross=cross,
+        html=not no_html)
     os.makedirs(out, exist_ok=True)
     log_path = os.path.join(out, "spark.log")
     # A session already running in this process (a notebook, a test) is used, not stopped.
     owned = SparkContext._active_spark_context is None
     spark = None
     try:
-        with _progress(not (quiet or as_json)) as progress:
+        with terminal_progress(not (quiet or as_json), sys.stderr.isatty()) as progress:
             spark = build_session(master, shuffle_partitions=shuffle_partitions,
                                   driver_memory=driver_memory, conf=conf, log_path=log_path)
+            progress.watch(spark)
             result = run_audit(spark, options, progress)
     except AuditInputError as exc:
         raise click.UsageError(str(exc)) from None
