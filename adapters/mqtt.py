@@ -212,6 +212,146 @@ def read_user_properties(
     return headers, problems
 
 
+class _Properties:
+    """The PUBLISH properties the adapter reads, as paho's ``Properties`` names them."""
+
+    __slots__ = ("MessageExpiryInterval", "PayloadFormatIndicator", "UserProperty")
+
+    def __init__(self) -> None:
+        self.UserProperty: list[tuple[str, str]] | None = None
+        self.MessageExpiryInterval: int | None = None
+        self.PayloadFormatIndicator: int | None = None
+
+
+class _Publish:
+    """A received PUBLISH with the attributes of ``paho.MQTTMessage`` that the adapter reads.
+
+    paho builds an ``MQTTMessage`` (with a ``threading.Condition`` inside) and a
+    ``Properties`` object (a dict of every property type, strings checked character by
+    character in Python) per PUBLISH: most of a receive's cost before the guard runs.
+    """
+
+    __slots__ = ("_topic", "dup", "mid", "payload", "properties", "qos", "retain")
+
+    def __init__(self, topic: bytes, mid: int, qos: int, dup: bool, retain: bool,
+                 properties: _Properties, payload: bytes) -> None:
+        self._topic = topic
+        self.mid = mid
+        self.qos = qos
+        self.dup = dup
+        self.retain = retain
+        self.properties = properties
+        self.payload = payload
+
+    @property
+    def topic(self) -> str:
+        """The topic as text; UnicodeDecodeError when it is not UTF-8 (as paho's)."""
+        return self._topic.decode("utf-8")
+
+
+def _read_string(packet: bytes, pos: int, end: int) -> tuple[str, int] | None:
+    length = (packet[pos] << 8) | packet[pos + 1]
+    start = pos + 2
+    stop = start + length
+    if stop > end:
+        return None
+    text = packet[start:stop].decode("utf-8")  # strict: encoded surrogates raise
+    if "\x00" in text or "\ufeff" in text:
+        return None  # paho refuses these (MQTT-1.5.4-2/3): let it say so
+    return text, stop
+
+
+def decode_publish_v5(header: int, packet: bytes) -> _Publish | None:
+    """Decode an MQTT 5 QoS 0/1 PUBLISH whose properties are among the common ones.
+
+    Handles Payload Format Indicator, Message Expiry Interval and User Properties (what
+    guarded producers send). Returns None for anything else -- other properties, a repeated
+    single-valued one, a malformed or truncated packet, text paho would refuse -- and the
+    caller then lets paho decode it, so paho's own checks and errors apply unchanged.
+    """
+    try:
+        qos = (header & 0x06) >> 1
+        if qos > 1:
+            return None
+        size = len(packet)
+        pos = 2 + ((packet[0] << 8) | packet[1])
+        topic = bytes(packet[2:pos])
+        mid = 0
+        if qos:
+            mid = (packet[pos] << 8) | packet[pos + 1]
+            pos += 2
+        # Property Length: a Variable Byte Integer (at most 4 bytes).
+        length = 0
+        for shift in (0, 7, 14, 21):
+            byte = packet[pos]
+            pos += 1
+            length |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+        else:
+            return None
+        end = pos + length
+        if end > size or pos > size:
+            return None
+        properties = _Properties()
+        while pos < end:
+            ident = packet[pos]
+            pos += 1
+            if ident == 0x26:  # User Property: a UTF-8 string pair, may repeat
+                key = _read_string(packet, pos, end)
+                if key is None:
+                    return None
+                value = _read_string(packet, key[1], end)
+                if value is None:
+                    return None
+                pos = value[1]
+                if properties.UserProperty is None:
+                    properties.UserProperty = []
+                properties.UserProperty.append((key[0], value[0]))
+            elif ident == 0x02 and properties.MessageExpiryInterval is None:
+                if pos + 4 > end:
+                    return None
+                properties.MessageExpiryInterval = int.from_bytes(packet[pos:pos + 4], "big")
+                pos += 4
+            elif ident == 0x01 and properties.PayloadFormatIndicator is None:
+                properties.PayloadFormatIndicator = packet[pos]
+                pos += 1
+            else:
+                return None
+        if pos != end:
+            return None
+        return _Publish(topic, mid, qos, bool(header & 0x08), bool(header & 0x01),
+                        properties, bytes(packet[end:]))
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
+class _Client(paho.Client):
+    """paho's client with a lean PUBLISH decoder for MQTT 5 (see :func:`decode_publish_v5`).
+
+    Only ``_handle_publish`` differs, and only for QoS 0/1 MQTT 5 packets that the lean
+    decoder takes: the callback is then called through paho's own ``_handle_on_message``
+    (its locks and filtered callbacks) with a :class:`_Publish`, and a QoS 1 message is
+    acknowledged by paho unless ``manual_ack`` (as paho does). Everything else is paho's.
+    """
+
+    def _handle_publish(self) -> MQTTErrorCode:
+        if self._protocol == paho.MQTTv5:
+            in_packet = self._in_packet
+            message = decode_publish_v5(in_packet["command"], in_packet["packet"])
+            if message is not None:
+                if self.on_log is not None or self._logger is not None:
+                    self._easy_log(paho.MQTT_LOG_DEBUG,
+                                   "Received PUBLISH (d%d, q%d, r%d, m%d), %r, ...  (%d bytes)",
+                                   message.dup, message.qos, message.retain, message.mid,
+                                   message._topic, len(message.payload))
+                self._handle_on_message(message)  # type: ignore[arg-type]
+                if message.qos == 1 and not self._manual_ack:
+                    return self._send_puback(message.mid)
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return super()._handle_publish()
+
+
 @dataclass(slots=True)
 class _Subscription:
     id: str
@@ -416,7 +556,7 @@ class MqttAdapter:
     # -- connection -----------------------------------------------------------------------------
 
     def _new_client(self) -> paho.Client:
-        client = paho.Client(
+        client = _Client(
             CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             # MQTT 3.1.1 takes the session flag here; MQTT 5 takes clean_start at connect().

@@ -122,6 +122,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import stomp  # type: ignore[import-untyped]
 import stomp.exception  # type: ignore[import-untyped]
 import stomp.protocol  # type: ignore[import-untyped]
+import stomp.transport  # type: ignore[import-untyped]
+import stomp.utils  # type: ignore[import-untyped]
 
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
 from mqguard.errors import AdapterError, TransactionRolledBack
@@ -249,6 +251,89 @@ def send_headers(message: Message, broker: str, *, persistent: bool,
             # Relative and >= 1: RabbitMQ closes the connection on a negative value.
             headers["expiration"] = str(max(1, message.expiration - now_ms()))
     return headers
+
+
+# -- received frames -----------------------------------------------------------------------------
+
+#: stomp.py's header unescaping (STOMP 1.2: ``\\r`` ``\\n`` ``\\c`` ``\\\\``; unknown escapes kept).
+_UNESCAPES: Final = {"\\r": "\r", "\\n": "\n", "\\c": ":", "\\\\": "\\"}
+_ESCAPE_SEQUENCE = re.compile(r"\\.")
+
+
+def _unescape_header(match: re.Match[str]) -> str:
+    return _UNESCAPES.get(match.group(0), match.group(0))
+
+
+def parse_frame(data: bytes) -> Any:
+    """Parse one received frame exactly as ``stomp.utils.parse_frame`` does, ~4x faster.
+
+    stomp.py runs two regex substitutions per header line (~25 us for a 7-header MESSAGE,
+    the largest single cost of a guarded receive); here a line is unescaped only when it
+    holds a backslash. Same results: the head ends at the first blank line (LF or CRLF),
+    lines split at LF or CRLF, leading empty lines skipped, a line
+    splits at its first ``:`` (lines without one, or with an empty name, are ignored), the
+    first occurrence of a name wins, and the body is everything after the blank line.
+    """
+    lf = data.find(b"\n\n")
+    crlf = data.find(b"\r\n\r\n")
+    if crlf != -1 and (lf == -1 or crlf < lf):
+        head_end, body_start = crlf, crlf + 4
+    elif lf != -1:
+        head_end, body_start = lf, lf + 2
+    else:
+        head_end = body_start = len(data)
+    head = data[:head_end].decode("utf-8")
+    lines = head.split("\n")
+    if "\r" in head:
+        # (the last line keeps a CR: no LF follows it inside the head)
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines[:-1]] + lines[-1:]
+    first = 0
+    count = len(lines)
+    while first < count and not lines[first]:
+        first += 1
+    if first >= count:
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[first + 1:]:
+        key, colon, value = line.partition(":")
+        if not colon or not key:
+            continue
+        if "\\" in line:
+            key = _ESCAPE_SEQUENCE.sub(_unescape_header, key)
+            if key in headers:
+                continue
+            value = _ESCAPE_SEQUENCE.sub(_unescape_header, value)
+        elif key in headers:
+            continue
+        headers[key] = value
+    return stomp.utils.Frame(lines[first], headers, data[body_start:])
+
+
+def _install_fast_parser(conn: Any) -> None:
+    """Make ``conn``'s receiver parse frames with :func:`parse_frame` (this connection only).
+
+    stomp.py reads and splits frames in the private ``BaseTransport.__read_frames``; the
+    replacement keeps its reading and dispatch and swaps only the parser. When the private
+    names are not there (another stomp.py version), stomp.py's own parser stays.
+    """
+    transport = conn.transport
+    read = getattr(transport, "_BaseTransport__read", None)
+    is_eol = getattr(transport, "_BaseTransport__is_eol", None)
+    if read is None or is_eol is None or not hasattr(transport, "_BaseTransport__auto_decode"):
+        return
+    heartbeat = stomp.transport.HEARTBEAT_FRAME
+    decode = stomp.utils.decode
+
+    def read_frames() -> None:
+        for data in read():
+            frame = heartbeat if is_eol(data) else parse_frame(data)
+            if frame is None:
+                continue
+            if transport._BaseTransport__auto_decode:
+                frame.body = decode(frame.body)
+            transport.process_frame(frame, data)
+
+    transport._BaseTransport__read_frames = read_frames
 
 
 # -- credentials never reach a log ---------------------------------------------------------------
@@ -634,6 +719,7 @@ class StompAdapter:
             conn.set_ssl(for_hosts=[(ep.host, ep.port)], key_file=self._ssl["key_file"],
                          cert_file=self._ssl["cert_file"], ca_certs=self._ssl["ca_certs"],
                          verify=bool(self._ssl["verify"]))
+        _install_fast_parser(conn)
         return conn
 
     def _open(self, *, resubscribe: bool, expected: tuple[str, ...]) -> None:
