@@ -212,6 +212,54 @@ def read_user_properties(
     return headers, problems
 
 
+def _vbi(value: int) -> bytes:
+    """An MQTT Variable Byte Integer."""
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
+
+
+class _PackedProperties:
+    """PUBLISH properties (user properties, message expiry) encoded once, by the adapter.
+
+    paho's ``Properties`` costs ~30 us to build and pack for a guarded message's five or
+    so user properties; paho only ever calls ``pack()`` on what it is given to publish
+    (again on a resend after a reconnect) and formats it for its debug log, so this
+    stand-in gives it the bytes. ``invalid`` is True when a string is not acceptable to
+    MQTT (control characters, non-characters, longer than 65535 bytes).
+    """
+
+    __slots__ = ("MessageExpiryInterval", "UserProperty", "_packed", "invalid")
+
+    def __init__(self, headers: dict[str, str], expiry: int | None) -> None:
+        self.UserProperty = list(headers.items())
+        self.MessageExpiryInterval = expiry
+        self.invalid = _FORBIDDEN_MQTT_CHARS.search("".join(headers) +
+                                                    "".join(headers.values())) is not None
+        parts: list[bytes] = []
+        for key, value in self.UserProperty:
+            k, v = key.encode("utf-8"), value.encode("utf-8")
+            if len(k) > MAX_MQTT_STRING or len(v) > MAX_MQTT_STRING:
+                self.invalid = True
+                break
+            parts.append(b"\x26%b%b%b%b" % (len(k).to_bytes(2, "big"), k,
+                                             len(v).to_bytes(2, "big"), v))
+        if expiry is not None:
+            parts.append(b"\x02" + expiry.to_bytes(4, "big"))
+        body = b"".join(parts)
+        self._packed = _vbi(len(body)) + body
+
+    def pack(self) -> bytes:
+        return self._packed
+
+    def __str__(self) -> str:
+        return (f"[UserProperty : {self.UserProperty}, "
+                f"MessageExpiryInterval : {self.MessageExpiryInterval}]")
+
+
 class _Properties:
     """The PUBLISH properties the adapter reads, as paho's ``Properties`` names them."""
 
@@ -462,6 +510,7 @@ class MqttAdapter:
             unquote(parts.password) if parts.password is not None else None)
         self._protocol = PROTOCOLS[protocol]
         self._v5 = self._protocol == MQTTProtocolVersion.MQTTv5
+        self._capabilities: Capabilities | None = None
         self.client_id = client_id or f"mqguard-{os.urandom(6).hex()}"
         self._clean_start = clean_start
         self._session_expiry = max(0, int(session_expiry))
@@ -514,8 +563,13 @@ class MqttAdapter:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(native_ttl=self._v5, persistent=True,
-                            expiry_reaping="native-drop" if self._v5 else "none")
+        # Fixed by the protocol version; read once per delivery, so built once.
+        caps = self._capabilities
+        if caps is None:
+            caps = self._capabilities = Capabilities(
+                native_ttl=self._v5, persistent=True,
+                expiry_reaping="native-drop" if self._v5 else "none")
+        return caps
 
     @property
     def connected(self) -> bool:
@@ -816,9 +870,11 @@ class MqttAdapter:
         headers, problems = read_user_properties(
             properties, max_count=self._max_user_properties, max_bytes=self._max_property_bytes)
         raw = dict(headers)
-        raw.update({"mqtt-topic": topic, "mqtt-mid": str(msg.mid), "mqtt-qos": str(msg.qos),
-                    "mqtt-dup": str(bool(msg.dup)).lower(),
-                    "mqtt-retain": str(bool(msg.retain)).lower()})
+        raw["mqtt-topic"] = topic
+        raw["mqtt-mid"] = str(msg.mid)
+        raw["mqtt-qos"] = str(msg.qos)
+        raw["mqtt-dup"] = "true" if msg.dup else "false"
+        raw["mqtt-retain"] = "true" if msg.retain else "false"
         expiry = getattr(properties, "MessageExpiryInterval", None)
         if isinstance(expiry, int):
             raw["message-expiry-interval"] = str(expiry)
@@ -838,7 +894,7 @@ class MqttAdapter:
 
     # -- sending --------------------------------------------------------------------------------
 
-    def _publish_args(self, message: Message) -> tuple[str, bytes, Properties | None]:
+    def _publish_args(self, message: Message) -> tuple[str, bytes, Any]:
         if message.scheduled_delivery:
             raise AdapterError(f"MQTT has no delayed delivery: cannot hold a message to "
                                f"{message.address!r} back")
@@ -855,20 +911,25 @@ class MqttAdapter:
                     f"{message.address!r} over MQTT 3.1.1, which has no properties; use MQTT 5 "
                     "(protocol='5') or the broker's STOMP endpoint")
             return topic, message.body, None
-        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        pairs: list[tuple[str, str]] = []
         for key, value in headers.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise AdapterError(f"header {key!r} of a message to {message.address!r} is not "
                                    "a string pair")
-            check_mqtt_string(key, f"header name {key[:40]!r} of a message to {message.address!r}")
-            check_mqtt_string(value, f"header {key[:40]!r} of a message to {message.address!r}")
-            pairs.append((key, value))
-        if pairs:
-            properties.UserProperty = pairs
+        expiry = None
         if message.expiration:
             remaining_ms = message.expiration - now_ms()
-            properties.MessageExpiryInterval = max(1, math.ceil(remaining_ms / 1000))
+            expiry = max(1, math.ceil(remaining_ms / 1000))
+        properties = _PackedProperties(headers, expiry)
+        if properties.invalid:
+            # One search over all strings found something: name the culprit (the checks
+            # raise AdapterError; every string of a message is checked before it is sent).
+            for key, value in headers.items():
+                check_mqtt_string(key, f"header name {key[:40]!r} of a message to "
+                                       f"{message.address!r}")
+                check_mqtt_string(value, f"header {key[:40]!r} of a message to "
+                                         f"{message.address!r}")
+            raise AdapterError(f"headers of a message to {message.address!r} are not valid "
+                               "MQTT strings")
         return topic, message.body, properties
 
     def send(self, message: Message, *, transaction: str | None = None) -> None:

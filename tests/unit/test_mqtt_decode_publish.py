@@ -86,3 +86,26 @@ def test_same_as_paho(topic: str, mid: int, qos: int, dup: bool, retain: bool,
     header = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
     _check(header, data)
     _check(header, data[:-cut] if cut else data)  # truncated packets too
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_TEXT, _TEXT, max_size=5), st.none() | st.integers(1, 2**32 - 1))
+def test_packed_properties_read_back_by_paho(headers: dict[str, str],
+                                             expiry: int | None) -> None:
+    from mqguard.adapters.mqtt import _PackedProperties, check_mqtt_string
+    from mqguard.errors import AdapterError
+
+    packed = _PackedProperties(headers, expiry)
+    refused = 0
+    for text in [*headers, *headers.values()]:
+        try:
+            check_mqtt_string(text, "x")
+        except AdapterError:
+            refused += 1
+    assert packed.invalid == bool(refused)
+    if any(c in "".join(headers) + "".join(headers.values()) for c in "\x00\ufeff"):
+        return  # paho's reader refuses these
+    read = Properties(PacketTypes.PUBLISH)
+    read.unpack(packed.pack())
+    assert getattr(read, "UserProperty", []) == list(headers.items())
+    assert getattr(read, "MessageExpiryInterval", None) == expiry
