@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from mqguard.bench.report import environment, print_table, write_json
+from mqguard.cli.bench_audit import audit
 from mqguard.cli.bench_proxy import proxy
 from mqguard.errors import MqguardError
 from mqguard.reaper import MAX_BATCH
@@ -189,3 +190,4 @@ def reap(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str |
 
 
 bench.add_command(proxy)
+bench.add_command(audit)

@@ -1,0 +1,69 @@
+"""``mqguard bench audit``: the Spark audit on N synthetic events vs DuckDB.
+
+Registered on the ``bench`` group (``bench.add_command(audit)``); the method is
+described in :mod:`mqguard.bench.audit`. Needs the ``spark`` and ``bench``
+extras (pyspark, matplotlib, duckdb); no server.
+"""
+
+from __future__ import annotations
+
+import click
+
+from mqguard.bench.report import environment, print_table, write_json
+
+
+@click.command("audit")
+@click.option("--events", type=click.IntRange(1000, 1_000_000_000), default=10_000_000,
+              show_default=True, help="Synthetic events to generate and audit.")
+@click.option("--dir", "workdir", type=click.Path(file_okay=False, exists=True),
+              help="Where to write the event logs (default: the system temp directory; "
+                   "10 million events take about 2 GB).")
+@click.option("--keep", is_flag=True, help="Keep the generated logs and outputs.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--driver-memory", default="4g", show_default=True,
+              help="Driver memory of the local session.")
+@click.option("--shuffle-partitions", type=click.IntRange(min=1),
+              help="spark.sql.shuffle.partitions (default: the audit's, 2 per local core).")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="Any Spark setting (repeatable).")
+@click.option("--no-html", is_flag=True, help="Audit without the HTML report.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write the results as JSON to this file.")
+def audit(events: int, workdir: str | None, keep: bool, master: str, driver_memory: str,
+          shuffle_partitions: int | None, spark_conf: tuple[str, ...], no_html: bool,
+          json_path: str | None) -> None:
+    """N synthetic events with every finding class planted: Spark audit time, DuckDB
+    time for the same checks, planted vs found. Exits 1 when a planted finding is
+    missed or a false one is reported."""
+    try:
+        import duckdb  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(f"bench audit needs pyspark and duckdb ({exc}): "
+                                   "pip install 'mqguard[spark,bench]'") from None
+    from mqguard.bench.audit import run
+    from mqguard.cli.audit import _spark_conf
+
+    result = run(events, workdir=workdir, keep=keep, master=master,
+                 driver_memory=driver_memory, shuffle_partitions=shuffle_partitions,
+                 conf=_spark_conf(spark_conf), html=not no_html,
+                 progress=lambda text: click.echo(text, err=True))
+    goals, met = result["goals"], result["met"]
+    rows = [{"figure": key, "value": result[key], "goal": goals.get(key, ""),
+             "met": met.get(key, "")}
+            for key in ("events", "spark_s", "spark_start_s", "duckdb_s", "ratio", "planted",
+                        "found", "false_positives", "duckdb_found", "duckdb_false_positives",
+                        "generate_s")]
+    print_table("mqguard bench audit", rows, ["figure", "value", "goal", "met"])
+    click.echo(f"load average before {result['load_average_before']}, "
+               f"after {result['load_average_after']}", err=True)
+    write_json(json_path, {"benchmark": "audit", "environment": environment(),
+                           "parameters": {"events": events, "master": master,
+                                          "driver_memory": driver_memory,
+                                          "shuffle_partitions": shuffle_partitions,
+                                          "conf": list(spark_conf)},
+                           **result})
+    if not (met["found"] and met["false_positives"]):
+        raise click.ClickException(
+            f"found {result['found']} of {result['planted']} planted findings, "
+            f"{result['false_positives']} false positive(s)")
