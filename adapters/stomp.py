@@ -309,31 +309,99 @@ def parse_frame(data: bytes) -> Any:
     return stomp.utils.Frame(lines[first], headers, data[body_start:])
 
 
-def _install_fast_parser(conn: Any) -> None:
-    """Make ``conn``'s receiver parse frames with :func:`parse_frame` (this connection only).
+class _AckWriter:
+    """Coalesces the ACK frames written on the receiver thread during one read turn.
 
-    stomp.py reads and splits frames in the private ``BaseTransport.__read_frames``; the
-    replacement keeps its reading and dispatch and swaps only the parser. When the private
-    names are not there (another stomp.py version), stomp.py's own parser stays.
+    stomp.py's receiver reads whatever the socket holds (often many MESSAGE frames) and
+    dispatches the frames one by one; the guard acknowledges each inline. Instead of one
+    ``sendall`` per ACK (a system call, and on loopback the broker side's TCP work too),
+    the ACKs of one turn are written together when the turn ends -- before the receiver
+    reads (and possibly blocks) again, so no ACK waits for more traffic.
+
+    Every other write on the connection (any thread: SENDs, NACKs, heart-beats,
+    UNSUBSCRIBE...) goes through :meth:`send`, which writes the pending ACKs first, under
+    one lock: frames reach the socket in the order they were issued (a cumulative
+    ``client``-mode ACK or NACK never overtakes an earlier ACK).
+    """
+
+    __slots__ = ("_lock", "_pending", "_send", "_turn")
+
+    def __init__(self, send: Callable[[bytes], None]) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._pending: list[bytes] = []
+        self._turn: int | None = None  # the receiver thread's id during a read turn
+
+    def begin_turn(self) -> None:
+        self._turn = threading.get_ident()
+
+    def end_turn(self) -> None:
+        self._turn = None
+        try:
+            self.send(b"")
+        except (stomp.exception.StompException, OSError):
+            # The connection is lost: the receiver sees it on its next read, and the
+            # broker redelivers every unacknowledged message.
+            log.debug("pending ACKs not written: connection lost", exc_info=True)
+
+    def ack(self, frame: bytes) -> None:
+        """Write ``frame`` at the end of the current read turn, or now off the receiver."""
+        if self._turn == threading.get_ident():
+            with self._lock:
+                self._pending.append(frame)
+            return
+        self.send(frame)
+
+    def send(self, frame: bytes) -> None:
+        with self._lock:
+            pending = self._pending
+            if pending:
+                if frame:
+                    pending.append(frame)
+                frame = b"".join(pending)
+                pending.clear()
+            if frame:
+                self._send(frame)
+
+
+def _install_fast_receiver(conn: Any) -> _AckWriter | None:
+    """Make ``conn``'s receiver parse frames with :func:`parse_frame` and coalesce ACKs.
+
+    This connection only. stomp.py reads and splits frames in the private
+    ``BaseTransport.__read_frames``; the replacement keeps its reading and dispatch, swaps
+    the parser, and brackets each read turn for the :class:`_AckWriter` (plain TCP; with
+    TLS stomp.py's I/O thread owns the socket). When the private names are not there
+    (another stomp.py version), stomp.py's own receiver stays and None is returned.
     """
     transport = conn.transport
     read = getattr(transport, "_BaseTransport__read", None)
     is_eol = getattr(transport, "_BaseTransport__is_eol", None)
     if read is None or is_eol is None or not hasattr(transport, "_BaseTransport__auto_decode"):
-        return
+        return None
     heartbeat = stomp.transport.HEARTBEAT_FRAME
     decode = stomp.utils.decode
+    writer = _AckWriter(transport.send) if transport.blocking else None
+    if writer is not None:
+        transport.send = writer.send
 
     def read_frames() -> None:
-        for data in read():
-            frame = heartbeat if is_eol(data) else parse_frame(data)
-            if frame is None:
-                continue
-            if transport._BaseTransport__auto_decode:
-                frame.body = decode(frame.body)
-            transport.process_frame(frame, data)
+        frames = read()
+        if writer is not None:
+            writer.begin_turn()
+        try:
+            for data in frames:
+                frame = heartbeat if is_eol(data) else parse_frame(data)
+                if frame is None:
+                    continue
+                if transport._BaseTransport__auto_decode:
+                    frame.body = decode(frame.body)
+                transport.process_frame(frame, data)
+        finally:
+            if writer is not None:
+                writer.end_turn()
 
     transport._BaseTransport__read_frames = read_frames
+    return writer
 
 
 # -- credentials never reach a log ---------------------------------------------------------------
@@ -719,7 +787,7 @@ class StompAdapter:
             conn.set_ssl(for_hosts=[(ep.host, ep.port)], key_file=self._ssl["key_file"],
                          cert_file=self._ssl["cert_file"], ca_certs=self._ssl["ca_certs"],
                          verify=bool(self._ssl["verify"]))
-        _install_fast_parser(conn)
+        conn.mqguard_acks = _install_fast_receiver(conn)
         return conn
 
     def _open(self, *, resubscribe: bool, expected: tuple[str, ...]) -> None:
@@ -1327,10 +1395,13 @@ class StompAdapter:
 
         On plain TCP the frame is encoded here and written in one ``send``: stomp.py's
         generic frame path (listeners, header escaping through regexes) costs ~30 us per
-        ACK, the largest single item of a guarded receive. TLS goes through stomp.py.
+        ACK, the largest single item of a guarded receive. A plain ACK issued on the receiver
+        thread is written with the other ACKs of the same read turn (:class:`_AckWriter`).
+        TLS goes through stomp.py.
         """
         transport = conn.transport
-        if not transport.blocking:
+        writer: _AckWriter | None = getattr(conn, "mqguard_acks", None)
+        if writer is None or not transport.blocking:
             if command == "ACK":
                 conn.ack(token, transaction=transaction)
             else:
@@ -1341,7 +1412,11 @@ class StompAdapter:
             frame += f"\ntransaction:{transaction.translate(_ESCAPES)}"
         for key, value in (extra or {}).items():
             frame += f"\n{key}:{value}"
-        transport.send((frame + "\n\n\x00").encode("utf-8"))
+        encoded = (frame + "\n\n\x00").encode("utf-8")
+        if command == "ACK" and transaction is None:
+            writer.ack(encoded)  # coalesced per read turn (see _AckWriter)
+        else:
+            writer.send(encoded)
 
     def can_settle(self, delivery: Delivery) -> bool:
         """True while ``delivery`` is unacknowledged on the current connection.
