@@ -37,7 +37,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    BinaryType,
     LongType,
     StringType,
     StructField,
@@ -51,6 +53,7 @@ from mqguard.stores.redis import DEFAULT_NAMESPACE, mask_url
 KINDS: Final = {"ring": "{*}:ring", "deliveries": "{*}:deliveries", "audit": "{*}:audit:meta:*"}
 _SCAN_COUNT: Final = 1000
 _LRANGE_CHUNK: Final = 10_000
+_DIGEST_BYTES: Final = 8
 #: Longest ring read (ids); a ring is never bigger than its capacity, which the
 #: store bounds, so this only guards against a key that is not ours.
 MAX_RING_IDS: Final = 50_000_000
@@ -71,6 +74,17 @@ COUNT_SCHEMA = StructType([
     StructField("queue", StringType(), nullable=False),
     StructField("message_id", StringType(), nullable=False),
     StructField("count", LongType()),
+])
+#: What the reading tasks yield: one shape for every kind, so the rows cross into the
+#: JVM once and each frame is a projection of them.
+RAW_SCHEMA = StructType([
+    StructField("tag", StringType(), nullable=False),
+    StructField("name", StringType(), nullable=False),
+    StructField("n1", LongType()),
+    StructField("n2", LongType()),
+    StructField("s1", StringType()),
+    StructField("s2", StringType()),
+    StructField("blob", BinaryType()),
 ])
 AUDIT_SCHEMA = StructType([
     StructField("scope", StringType(), nullable=False),
@@ -104,14 +118,15 @@ class RedisState:
 
     url: str  #: masked
     nodes: int
+    #: Everything read, persisted; the frames below are projections of it.
+    raw: DataFrame
     rings: DataFrame
     ring_ids: DataFrame
     counts: DataFrame
     audit: DataFrame
 
     def unpersist(self) -> None:
-        for frame in (self.rings, self.ring_ids, self.counts, self.audit):
-            frame.unpersist()
+        self.raw.unpersist()
 
 
 def _glob_escape(text: str) -> str:
@@ -199,14 +214,19 @@ def _read_ring(client: Any, key: bytes, namespace: str, node: str) -> Iterator[t
     fifo = key + b":ids"
     size = int(client.llen(fifo))
     capacity = int(meta[b"cap"]) if b"cap" in meta else None
-    yield ("ring", name, capacity, size, node)
+    yield ("ring", name, capacity, size, node, None, None)
     start = 0
     while start < min(size, MAX_RING_IDS):
         chunk = client.lrange(fifo, start, start + _LRANGE_CHUNK - 1)
         if not chunk:
             break
-        for offset, digest in enumerate(chunk):
-            yield ("id", name, start + offset, digest.hex())
+        if all(len(digest) == _DIGEST_BYTES for digest in chunk):
+            # One row per chunk: Spark splits it (JVM side), far cheaper than a Python
+            # row per id crossing into the JVM.
+            yield ("ids8", name, start, len(chunk), None, None, b"".join(chunk))
+        else:  # ids that are not digests (not written by the guard): one row each
+            for offset, digest in enumerate(chunk):
+                yield ("id", name, start + offset, None, digest.hex(), None, None)
         start += len(chunk)
 
 
@@ -217,7 +237,7 @@ def _read_counts(client: Any, key: bytes, namespace: str) -> Iterator[tuple[Any,
             count = int(value)
         except ValueError:
             count = None  # not ours; reported as a null count
-        yield ("count", queue, _text(field), count)
+        yield ("count", queue, count, None, _text(field), None, None)
 
 
 def _read_audit(client: Any, key: bytes, namespace: str) -> Iterator[tuple[Any, ...]]:
@@ -227,7 +247,7 @@ def _read_audit(client: Any, key: bytes, namespace: str) -> Iterator[tuple[Any, 
     bits = key.replace(b":audit:meta:", b":audit:bits:", 1)
     window = int(meta[b"w"]) if b"w" in meta else None
     highest = _text(meta[b"h"]) if b"h" in meta else None
-    yield ("audit", scope, producer, window, highest, int(client.bitcount(bits)))
+    yield ("audit", scope, window, int(client.bitcount(bits)), producer, highest, None)
 
 
 def _fetch(items: Iterable[tuple[str, str, bytes]], namespace: str
@@ -275,42 +295,55 @@ def read_state(spark: SparkSession, url: str, *, namespace: str = DEFAULT_NAMESP
     """Read every ring, delivery count and audit window of ``namespace`` from ``url``.
 
     ``partitions``: tasks reading key contents (default: Spark's default
-    parallelism). The frames are persisted and materialised once here, so the
-    checks reuse them without reading Redis again.
+    parallelism). What is read is persisted and materialised once here, so the
+    checks reuse it without reading Redis again.
     """
     nodes = _masked_errors(url, lambda: cluster_nodes(url))
     units = [ScanUnit(node, kind, namespace) for node in nodes for kind in KINDS]
     sc = spark.sparkContext
     width = max(1, partitions or sc.defaultParallelism)
     keys = sc.parallelize(units, len(units)).flatMap(_scan)
-    rows = (keys.repartition(width)
-            .mapPartitions(lambda part: _fetch(part, namespace))
-            .persist(StorageLevel.MEMORY_AND_DISK))
-    _masked_errors(url, rows.count)
-
-    def frame(tag: str, schema: StructType) -> DataFrame:
-        picked = rows.filter(lambda r, t=tag: r[0] == t).map(lambda r: r[1:])
-        return spark.createDataFrame(picked, schema).persist(StorageLevel.MEMORY_AND_DISK)
-
-    state = RedisState(
-        url=mask_url(url), nodes=len(nodes),
-        rings=frame("ring", RING_SCHEMA), ring_ids=frame("id", RING_ID_SCHEMA),
-        counts=frame("count", COUNT_SCHEMA), audit=frame("audit", AUDIT_SCHEMA))
-    for part in (state.rings, state.ring_ids, state.counts, state.audit):
-        part.count()
-    rows.unpersist()
-    return state
+    rows = keys.repartition(width).mapPartitions(lambda part: _fetch(part, namespace))
+    raw = (spark.createDataFrame(rows, RAW_SCHEMA, verifySchema=False)
+           .persist(StorageLevel.MEMORY_AND_DISK))
+    _masked_errors(url, raw.count)
+    tag = F.col("tag")
+    chunks = raw.filter(tag == "ids8").select(
+        F.col("name").alias("address"), F.col("n1").alias("start"),
+        F.posexplode(F.expr("transform(sequence(0, n2 - 1), "
+                            f"i -> lower(hex(substring(blob, i * {_DIGEST_BYTES} + 1, "
+                            f"{_DIGEST_BYTES}))))")).alias("offset", "digest"))
+    ring_ids = chunks.select("address", (F.col("start") + F.col("offset")).alias("pos"),
+                             "digest").unionByName(
+        raw.filter(tag == "id").select(F.col("name").alias("address"),
+                                       F.col("n1").alias("pos"), F.col("s1").alias("digest")))
+    return RedisState(
+        url=mask_url(url), nodes=len(nodes), raw=raw,
+        rings=raw.filter(tag == "ring").select(
+            F.col("name").alias("address"), F.col("n1").alias("capacity"),
+            F.col("n2").alias("size"), F.col("s1").alias("node")),
+        ring_ids=ring_ids,
+        counts=raw.filter(tag == "count").select(
+            F.col("name").alias("queue"), F.col("s1").alias("message_id"),
+            F.col("n1").alias("count")),
+        audit=raw.filter(tag == "audit").select(
+            F.col("name").alias("scope"), F.col("s1").alias("producer_id"),
+            F.col("n1").alias("window"), F.col("s2").alias("highest"),
+            F.col("n2").alias("marked")))
 
 
 def state_summary(state: RedisState) -> dict[str, Any]:
-    """Figures for the JSON summary (aggregates only)."""
+    """Figures for the JSON summary (aggregates only, one job)."""
+    per_tag = {row["tag"]: (int(row["rows"]), int(row["n2"] or 0)) for row in
+               state.raw.groupBy("tag").agg(F.count(F.lit(1)).alias("rows"),
+                                            F.sum("n2").alias("n2")).collect()}
     return {
         "url": state.url,
         "nodes": state.nodes,
-        "rings": state.rings.count(),
-        "ring_ids": state.ring_ids.count(),
-        "delivery_counts": state.counts.count(),
-        "audit_windows": state.audit.count(),
+        "rings": per_tag.get("ring", (0, 0))[0],
+        "ring_ids": per_tag.get("ids8", (0, 0))[1] + per_tag.get("id", (0, 0))[0],
+        "delivery_counts": per_tag.get("count", (0, 0))[0],
+        "audit_windows": per_tag.get("audit", (0, 0))[0],
     }
 
 
