@@ -333,7 +333,7 @@ def untraced_findings(spark: SparkSession, events: DataFrame,
     senders = [r["address"] for r in events.filter(_is(E.SENT) & c("address").isNotNull())
                .select("address").distinct().collect()]
     targets = sorted({x.dead_letter_target for x in resolve_limits(config, senders)
-                      if x.dead_letter_target} - set())
+                      if x.dead_letter_target})
     if not targets:
         return spark.createDataFrame([], FINDINGS_SCHEMA)
     copies = (events.filter(_is(E.MOVED) & c("new_message_id").isNotNull())
