@@ -397,11 +397,16 @@ class Redistributor:
         if sent:
             store.ring_check_and_add(cache, [id_digest(b) for _, b, _ in sent], capacity)
         events = self.guard.events
+        fresh_ids = {id(d) for d, _, _ in sent}
         for delivery, bridge_id, target in [*finished, *sent]:
             adapter.ack(delivery)
-            fresh = any(d is delivery for d, _, _ in sent)
-            reason = ("no consumer on the source queue for redistribution-delay" if fresh
-                      else "copy confirmed by an earlier attempt")
+            fresh = id(delivery) in fresh_ids
+            if fresh:
+                reason = "no consumer on the source queue for redistribution-delay"
+            elif target is None:
+                reason = "copy confirmed by an earlier attempt"
+            else:
+                reason = "copy committed by an earlier attempt (found by its marker)"
             events.emit(REDISTRIBUTED_EVENT, delivery.message, queue=queue,
                         group=self.group_name, source_node=source, target_node=target,
                         bridge_id=bridge_id, reason=reason)

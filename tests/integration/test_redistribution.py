@@ -250,6 +250,10 @@ def test_copies_committed_but_not_recorded_are_found_by_their_marker(
     assert drain(url_a, unique_name) == []
     # Every marker was consumed once all its copies were recorded.
     assert drain(url_b, marker_queue(unique_name), first_s=0.5) == []
+    reasons = {e["message_id"]: e["reason"] for e in read_events(tmp_path / "events")
+               if e["type"] == REDISTRIBUTED_EVENT}
+    assert {reasons[m.message_id] for m in sent[:2]} == {
+        "copy committed by an earlier attempt (found by its marker)"}
 
 
 @pytest.mark.rabbitmq
