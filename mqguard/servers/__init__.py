@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mqguard.servers.activemq import start_activemq
+from mqguard.servers.activemq import restart_activemq, start_activemq
 from mqguard.servers.docker import docker_available, start_in_docker
 from mqguard.servers.handle import ServerHandle, ServerStartError, ServerUnavailable
 from mqguard.servers.install import KINDS, ensure_installed
@@ -35,6 +35,7 @@ __all__ = [
     "free_port",
     "free_ports",
     "rabbitmqctl",
+    "restart_activemq",
     "restart_redis",
     "start",
     "start_activemq",

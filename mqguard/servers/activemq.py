@@ -47,7 +47,7 @@ from mqguard.servers.handle import (
 from mqguard.servers.install import ACTIVEMQ_HOME, ensure_installed, find_binary, mqtt_codec_jars
 from mqguard.servers.ports import LOOPBACK, free_ports, port_open, wait_until
 
-__all__ = ["LOG_PATTERN", "start_activemq"]
+__all__ = ["LOG_PATTERN", "broker_ports", "restart_activemq", "start_activemq"]
 
 LOG_PATTERN = "%d | %-5p | %m | %c | %t%n"
 _START_TIMEOUT = 120.0
@@ -168,13 +168,17 @@ def start_activemq(
     log_levels: Mapping[str, str] | None = None,
     extra_xml: str = "",
     heap: str = "512m",
+    ports: tuple[int, int, int] | None = None,
 ) -> ServerHandle:
     """Start ActiveMQ Classic with STOMP, MQTT 3.1.1 and OpenWire connectors on 127.0.0.1.
 
     ``log_levels`` adds log4j logger levels (e.g. DEBUG for ``org.apache.activemq.broker``).
     ``extra_xml`` is inserted verbatim inside ``<broker>`` (destination policies, plugins...);
     the default configuration deliberately has no ``redeliveryPlugin``.  Reusing ``state_dir``
-    keeps the KahaDB store (persistent messages survive), but new ports are chosen.
+    keeps the KahaDB store (persistent messages survive), but new ports are chosen unless
+    ``ports`` (STOMP, MQTT, OpenWire) are given: with the ``state_dir`` and
+    :func:`broker_ports` of a stopped handle that restarts "the same" broker, whose clients
+    can reconnect to their URLs (see :func:`restart_activemq`).
     """
     ensure_installed(["activemq"])
     java = find_binary("java")
@@ -187,7 +191,7 @@ def start_activemq(
     for jar in mqtt_codec_jars():
         shutil.copyfile(jar, lib / jar.name)
 
-    stomp, mqtt, openwire = free_ports(3)
+    stomp, mqtt, openwire = ports if ports is not None else free_ports(3)
     log = base / "activemq.log"
     broker_xml = conf / "broker.xml"
     broker_xml.write_text(_broker_xml(data, stomp, mqtt, openwire, extra_xml, "mqguard"))
@@ -243,3 +247,19 @@ def start_activemq(
     handle.record_pid(proc.pid, extra=False)
     handle.save()
     return handle
+
+
+def broker_ports(handle: ServerHandle) -> tuple[int, int, int]:
+    """The (STOMP, MQTT, OpenWire) ports of an ActiveMQ handle."""
+    return handle.port("stomp"), handle.port("mqtt"), handle.port("openwire")
+
+
+def restart_activemq(handle: ServerHandle, **kw: object) -> ServerHandle:
+    """Stop ``handle`` (if it still runs) and start a broker on the same state dir and ports.
+
+    KahaDB is replayed, so persistent messages the broker had acknowledged are there again
+    (its journal syncs every write by default, so that also holds after a SIGKILL). ``kw``
+    go to :func:`start_activemq` (``log_levels``, ``extra_xml``, ``heap``).
+    """
+    handle.stop()
+    return start_activemq(handle.state_dir, ports=broker_ports(handle), **kw)  # type: ignore[arg-type]

@@ -286,6 +286,25 @@ class ServerHandle:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
+    def kill(self, timeout: float = 5.0) -> None:
+        """SIGKILL the server at once (a crash, for fault injection); no orderly shutdown.
+
+        Only processes this handle started are signalled (PID and start time checked), with
+        their process groups; the state dir is left as the crash left it, so a restart on it
+        replays whatever the server had made durable.
+        """
+        if self.meta.get("backend") == "docker":
+            raise ServerUnavailable("kill() is for local processes, not docker containers")
+        for pid in self.all_pids():
+            start = self.pid_start_times.get(str(pid))
+            if not pid_alive(pid, start):
+                _reap(pid)
+                continue
+            group = _own_group(pid)
+            _signal(pid, group, signal.SIGKILL)
+            _wait_gone(pid, start, timeout)
+            _sweep_group(group)
+
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the server; safe to call repeatedly and on handles restored from JSON.
 

@@ -64,7 +64,12 @@ def _ping(port: int) -> bool:
 
 
 def _write_config(
-    node_dir: Path, port: int, *, appendonly: bool, cluster_port: int | None = None
+    node_dir: Path,
+    port: int,
+    *,
+    appendonly: bool,
+    cluster_port: int | None = None,
+    appendfsync: str = "everysec",
 ) -> Path:
     lines = [
         "bind 127.0.0.1",
@@ -75,7 +80,7 @@ def _write_config(
         f"logfile {_quote(node_dir / 'redis.log')}",
         "loglevel notice",
         f"appendonly {'yes' if appendonly else 'no'}",
-        "appendfsync everysec",
+        f"appendfsync {appendfsync}",
     ]
     if not appendonly:
         # Without AOF the tests do not want persistence at all; RDB snapshots would only fork
@@ -115,19 +120,30 @@ def _launch_node(node_dir: Path, conf: Path, port: int) -> tuple[int, Path]:
     return proc.pid, log
 
 
+_APPENDFSYNC = ("always", "everysec", "no")
+
+
 def start_redis(
-    appendonly: bool = False, state_dir: Path | None = None, port: int | None = None
+    appendonly: bool = False,
+    state_dir: Path | None = None,
+    port: int | None = None,
+    appendfsync: str = "everysec",
 ) -> ServerHandle:
     """Start a standalone Redis on 127.0.0.1.
 
     Passing the ``state_dir`` and ``port`` of a stopped handle restarts "the same" server: the
     data (AOF with ``appendonly=True``) is replayed and clients can reuse their URL, which is
-    what persistence tests need.  See :func:`restart_redis`.
+    what persistence tests need.  See :func:`restart_redis`.  ``appendfsync="always"`` makes
+    every acknowledged write survive a SIGKILL of the server (the fault-injection suite needs
+    that); the default ``everysec`` may lose the last second.
     """
+    if appendfsync not in _APPENDFSYNC:
+        raise ValueError(f"appendfsync must be one of {', '.join(_APPENDFSYNC)}, "
+                         f"got {appendfsync!r}")
     ensure_installed(["redis"])
     sd = make_state_dir("redis", state_dir)
     port = port or free_port()
-    conf = _write_config(sd, port, appendonly=appendonly)
+    conf = _write_config(sd, port, appendonly=appendonly, appendfsync=appendfsync)
     pid, log = _launch_node(sd, conf, port)
     handle = ServerHandle(
         kind="redis",
@@ -136,7 +152,7 @@ def start_redis(
         state_dir=sd,
         log_path=log,
         version=redis_version(),
-        meta={"appendonly": "yes" if appendonly else "no"},
+        meta={"appendonly": "yes" if appendonly else "no", "appendfsync": appendfsync},
     )
     handle.record_pid(pid, extra=False)
     handle.save()
@@ -150,6 +166,7 @@ def restart_redis(handle: ServerHandle) -> ServerHandle:
         appendonly=handle.meta.get("appendonly") == "yes",
         state_dir=handle.state_dir,
         port=handle.port("redis"),
+        appendfsync=handle.meta.get("appendfsync", "everysec"),
     )
 
 
