@@ -48,6 +48,9 @@ class EventLogConfig(_Section):
     buffer_events: int = Field(4096, ge=1, le=1_000_000)
     #: fsync after each write: survives power loss, costs throughput.
     fsync: bool = False
+    #: Write each event before the guard goes on (one write per event, no buffering): a
+    #: process killed with SIGKILL then loses no event it emitted. Costs throughput.
+    sync: bool = False
 
 
 class SidecarConfig(_Section):

@@ -7,7 +7,8 @@ background thread encodes and writes, at the latest every
 ``flush-interval-ms`` and whenever ``buffer-events`` accumulate. Nothing is
 dropped: if the writer falls far behind, ``emit`` writes synchronously
 (back-pressure), and :meth:`EventLog.close` (also run at interpreter exit)
-writes whatever is left.
+writes whatever is left. A SIGKILL skips that: with ``sync`` (``[mqguard.event-log]
+sync = true``) every event is written by ``emit`` itself, so none is lost that way.
 
 Schema (version 1, documented in ``docs/events.md``)::
 
@@ -109,6 +110,7 @@ class EventLog:
         flush_interval_ms: int = 200,
         buffer_events: int = 4096,
         fsync: bool = False,
+        sync: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -123,6 +125,9 @@ class EventLog:
         # bounded and nothing is dropped when the disk is slow.
         self._max_pending = buffer_events * 16
         self._fsync = fsync
+        # Synchronous: emit() writes before it returns, so an event the guard acted on is in
+        # the file (the OS's page cache) even if the process is SIGKILLed the next instant.
+        self._sync = sync
         # A deque, not a list under a lock: append and popleft are atomic, so emit()
         # takes no lock at all, and flush() can drain it while emitters keep appending.
         self._pending: deque[dict[str, Any]] = deque()
@@ -167,6 +172,9 @@ class EventLog:
                     record[key] = value
         pending = self._pending
         pending.append(record)
+        if self._sync:
+            self.flush()
+            return
         backlog = len(pending)
         if backlog >= self._buffer_events:
             self._wakeup.set()

@@ -82,7 +82,8 @@ def make_event_log(config: MqguardConfig) -> EventLog:
     return EventLog(settings.directory, node_id=config.node_id, max_bytes=settings.max_bytes,
                     backup_count=settings.backup_count,
                     flush_interval_ms=settings.flush_interval_ms,
-                    buffer_events=settings.buffer_events, fsync=settings.fsync)
+                    buffer_events=settings.buffer_events, fsync=settings.fsync,
+                    sync=settings.sync)
 
 
 class Guard:
