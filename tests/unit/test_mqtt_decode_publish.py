@@ -70,7 +70,7 @@ def test_other_properties_and_bad_text_go_to_paho() -> None:
     assert decode_publish_v5(0x32, b"\x00\x05ab") is None  # truncated
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_TEXT, st.integers(1, 65535), st.integers(0, 1), st.booleans(), st.booleans(),
        st.lists(st.tuples(_TEXT, _TEXT), max_size=4), st.none() | st.integers(0, 2**32 - 1),
        st.binary(max_size=10), st.integers(0, 6))
@@ -88,7 +88,7 @@ def test_same_as_paho(topic: str, mid: int, qos: int, dup: bool, retain: bool,
     _check(header, data[:-cut] if cut else data)  # truncated packets too
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.dictionaries(_TEXT, _TEXT, max_size=5), st.none() | st.integers(1, 2**32 - 1))
 def test_packed_properties_read_back_by_paho(headers: dict[str, str],
                                              expiry: int | None) -> None:

@@ -38,7 +38,7 @@ def test_crlf_frames_and_leading_newlines() -> None:
     _same(b"CONNECTED")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(_TEXT, _TEXT), max_size=6), st.binary(max_size=20),
        st.sampled_from(["\n", "\r\n"]), st.integers(0, 2))
 def test_same_as_stomp_py(headers: list[tuple[str, str]], body: bytes, eol: str,
