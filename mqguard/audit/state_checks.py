@@ -46,7 +46,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -227,15 +226,17 @@ def rejection_findings(events: DataFrame, capacities: DataFrame,
     accepted = (events.filter(_is(*ACCEPTED) & c("duplicate_id").isNotNull()
                               & c("address").isNotNull())
                 .join(F.broadcast(capacities.select("address")), "address")
-                .select("address", "duplicate_id", c("ts").alias("twin_ts")))
+                .select("address", "duplicate_id", c("ts").alias("twin_ts"),
+                        F.concat_ws("#", "file", c("row").cast("string")).alias("twin")))
+    # A deterministic pair id: the frame is used three times and recomputed each time.
     pairs = (rejected.join(accepted, ["address", "duplicate_id"])
              .filter(c("twin_ts") <= c("ts") + tol)
-             .withColumn("pid", F.monotonically_increasing_id()))
+             .withColumn("pid", F.concat_ws("|", "rid", "twin")))
     # Running count of accepted ids per address; probes read it at two times:
     # before the rejection (ts - tol, strictly earlier: ord 0 sorts before an
     # accepted id of the same ms) and after the twin (twin_ts + tol, inclusive: ord 2).
     stream = accepted.select("address", c("twin_ts").alias("at"), F.lit(1).alias("ord"),
-                             F.lit(1).alias("w"), F.lit(None).cast(LongType()).alias("pid"),
+                             F.lit(1).alias("w"), F.lit(None).cast(StringType()).alias("pid"),
                              F.lit(None).cast(StringType()).alias("role"))
     probes = pairs.select("address", (c("ts") - tol).alias("at"), F.lit(0).alias("ord"),
                           F.lit(0).alias("w"), "pid", F.lit("r").alias("role")).unionByName(
@@ -365,8 +366,10 @@ def state_findings(spark: SparkSession, events: DataFrame, state: RedisState,
                    config: MqguardConfig, options: StateCheckOptions = StateCheckOptions()
                    ) -> DataFrame:
     """Every finding of this module (:data:`~mqguard.audit.checks.FINDINGS_SCHEMA`)."""
-    events = events.persist(StorageLevel.MEMORY_AND_DISK)
-    capacities = _capacities(spark, events, state, config).persist()
+    # ``events`` should be persisted by the caller (cross_checks.prepare does): every
+    # check below reads it. ``capacities`` is a small local table joined with the
+    # persisted Redis state: cheap to recompute.
+    capacities = _capacities(spark, events, state, config)
     parts = [
         ring_findings(events, state, capacities, options.tolerance_ms),
         rejection_findings(events, capacities, options.tolerance_ms),
