@@ -142,7 +142,7 @@ def write_progress(path: Path, confirmed: int) -> None:
 
 
 def read_handled(path: Path) -> list[tuple[int, int]]:
-    """(index, delivery count seen) per handler invocation, in order."""
+    """(index, delivery count -- through the sidecar: 1 if redelivered) per invocation."""
     out = []
     try:
         text = path.read_text()
