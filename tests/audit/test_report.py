@@ -118,3 +118,18 @@ def test_render_with_nothing_to_draw() -> None:
     page = parse(render(summary, {"first_ts": None, "width_ms": 1, "rows": []}, []))
     assert page.svgs == 0
     assert "no anomalies" in " ".join(page.text)
+
+
+def test_progress_names_the_stage_and_stays_silent_when_asked() -> None:
+    from mqguard.audit.progress import Progress, terminal_progress
+
+    shown: list[str] = []
+    progress = Progress(shown.append, live=False)
+    progress("checking messages")
+    assert shown and shown[-1].startswith("checking messages") and shown[-1].endswith("s]")
+    progress.watch(object())  # not live: no watcher thread
+    assert progress._thread is None
+    with terminal_progress(False, True) as silent:
+        silent("reading 1 file(s)")  # prints nothing, raises nothing
+    with terminal_progress(True, False) as silent:  # not a terminal
+        silent("reading 1 file(s)")
