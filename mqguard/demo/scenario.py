@@ -29,7 +29,7 @@ import stomp
 from mqguard.config import MqguardConfig
 from mqguard.consumer import GuardedConsumer
 from mqguard.demo.plan import INDEX_HEADER, POISON_HEADER, DemoPlan, Kind, Planned
-from mqguard.message import now_ms
+from mqguard.message import ORIG_MESSAGE_ID_HEADER, now_ms
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
@@ -83,13 +83,20 @@ class _Inbox(stomp.ConnectionListener):  # type: ignore[misc]
     def __init__(self, on_message: Callable[[Any], None] | None = None) -> None:
         self.lock = threading.Lock()
         self.count: Counter[str] = Counter()
+        #: Distinct originals per subscription: a move whose ack was lost with a cut
+        #: connection is made again on redelivery, so a DLQ/EXP may hold two copies of one.
+        self.originals: dict[str, set[str]] = {}
         self.receipts = 0
         self.errors: list[str] = []
         self._on_message = on_message
 
     def on_message(self, frame: Any) -> None:
         with self.lock:
-            self.count[frame.headers.get("subscription", "")] += 1
+            subscription = frame.headers.get("subscription", "")
+            self.count[subscription] += 1
+            original = frame.headers.get(ORIG_MESSAGE_ID_HEADER)
+            if original is not None:
+                self.originals.setdefault(subscription, set()).add(original)
         if self._on_message is not None:
             self._on_message(frame)
 
@@ -117,13 +124,6 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str | Callable[[]
             told = what() if callable(what) else what
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {told}")
         time.sleep(0.05)
-
-
-def _through(proxy: FaultProxy, url: str) -> str:
-    parts = urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{proxy.host}:{proxy.port}"
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc}" if userinfo else netloc))
 
 
 class DemoScenario:
@@ -219,7 +219,7 @@ class DemoScenario:
             order_conn = self._consume_orders(sidecar_url)
             with FaultProxy(*self._broker_hostport()) as proxy:
                 failover = _FailoverHandler(payments, proxy)
-                with GuardedConsumer(open_adapter(_through(proxy, self.broker_url)),
+                with GuardedConsumer(open_adapter(proxy.through(self.broker_url)),
                                      payments.address, failover, guard):
                     self.report("consumers running; a failover will cut the payments "
                                 "consumer while it holds handled, unacknowledged messages")
@@ -227,8 +227,10 @@ class DemoScenario:
                     def settled() -> bool:
                         with tally.lock:
                             for leg in (orders, payments):
-                                leg.dead_letters = tally.count[f"DLQ.{leg.address}"]
-                                leg.expired_copies = tally.count[f"EXP.{leg.address}"]
+                                leg.dead_letters = len(tally.originals.get(
+                                    f"DLQ.{leg.address}", ()))
+                                leg.expired_copies = len(tally.originals.get(
+                                    f"EXP.{leg.address}", ()))
                         return orders.complete() and payments.complete()
 
                     _wait(settled, self.timeout, lambda: "every message's fate: "

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from types import TracebackType
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger("mqguard.testing.faultproxy")
 
@@ -193,6 +194,15 @@ class FaultProxy:
         """``scheme://host:port`` of the proxy, e.g. ``stomp://127.0.0.1:40123``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}"
+
+    def through(self, url: str) -> str:
+        """``url`` with its host and port replaced by the proxy's (scheme, credentials and
+        path kept): the URL a client uses to reach the same server through the proxy."""
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        netloc = f"{host}:{self.port}"
+        return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc}" if userinfo else netloc))
 
     def _address(self) -> tuple[str, int]:
         if self._bound is None:

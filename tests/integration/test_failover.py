@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -35,14 +35,6 @@ BROKERS = [
 ]
 
 TOTAL, BLACKHOLE_AT, CUT_AT = 50, 10, 20
-
-
-def through(proxy: FaultProxy, url: str) -> str:
-    """``url`` with its host and port replaced by the proxy's (credentials kept)."""
-    parts = urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{userinfo}@{proxy.host}:{proxy.port}" if userinfo else f"{proxy.host}:{proxy.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class FailoverHandler:
@@ -87,7 +79,7 @@ def run_failover(url: str, scheme: str, tmp_path: Path, address: str,
             GuardedConsumer(open_adapter(url), f"{address}.DLA", dead.append, guard):
         handler = FailoverHandler(proxy)
         options = {"client_id": f"failover-{address[-12:]}"} if scheme == "mqtt" else {}
-        with GuardedConsumer(open_adapter(through(proxy, url), **options), address, handler,
+        with GuardedConsumer(open_adapter(proxy.through(url), **options), address, handler,
                              guard):
             with GuardedProducer(open_adapter(url), guard) as producer:
                 producer.send_batch([producer.message(address, b"%d" % i)
