@@ -317,7 +317,10 @@ class ChaosRun:
         order = self.rng.sample(COMPONENTS, len(COMPONENTS))
         order.sort(key=lambda name: not name.startswith("producer"))
         next_kill = time.monotonic() + self.rng.uniform(*s.gap)
-        while time.monotonic() - traffic < s.chaos_seconds and not self._complete():
+        # The first round always completes: on a quiet machine the traffic can settle
+        # before every component was killed once (seen: 5 of 7 in 16 s), and the suite
+        # promises every component's restart was exercised.
+        while time.monotonic() - traffic < s.chaos_seconds and (order or not self._complete()):
             self._check_deadline(started)
             self._supervise()
             if time.monotonic() < next_kill:
