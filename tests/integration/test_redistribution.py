@@ -168,11 +168,7 @@ def test_a_copy_confirmed_earlier_is_not_sent_again(
         guard.store.ring_check_and_add(bridge_cache(unique_name),
                                        [id_digest(f"{sent[0].message_id}:0")], capacity)
         with GroupConsumer("g", url_b, unique_name, received, guard):
-            redistributor = Redistributor(guard, "g")
-            try:
-                moved = sum(r.moved for r in redistributor.scan())
-            finally:
-                redistributor.close()
+            moved = scan_once(guard)
             assert moved == 5
             assert received.wait(5) == 5
             time.sleep(0.5)
@@ -235,11 +231,7 @@ def test_copies_committed_but_not_recorded_are_found_by_their_marker(
         finally:
             node_b.close()
         with GroupConsumer("g", url_b, unique_name, received, guard):
-            redistributor = Redistributor(guard, "g")
-            try:
-                moved = sum(r.moved for r in redistributor.scan())
-            finally:
-                redistributor.close()
+            moved = scan_once(guard)
             assert received.wait(6) == 6
             time.sleep(0.5)
         assert moved == 4
@@ -254,6 +246,15 @@ def test_copies_committed_but_not_recorded_are_found_by_their_marker(
                if e["type"] == REDISTRIBUTED_EVENT}
     assert {reasons[m.message_id] for m in sent[:2]} == {
         "copy committed by an earlier attempt (found by its marker)"}
+
+
+def scan_once(guard: Guard) -> int:
+    """One pass of a fresh redistributor of group "g": how many messages it moved."""
+    redistributor = Redistributor(guard, "g")
+    try:
+        return sum(r.moved for r in redistributor.scan())
+    finally:
+        redistributor.close()
 
 
 @pytest.mark.rabbitmq
@@ -279,11 +280,7 @@ def test_one_activemq_and_one_rabbitmq_node(activemq_server: Any, rabbitmq_serve
         with Guard(config) as guard:
             sent = send_backlog(guard, unique_name, 8)
             with GroupConsumer("g", target, unique_name, received, guard):
-                redistributor = Redistributor(guard, "g")
-                try:
-                    moved = sum(r.moved for r in redistributor.scan())
-                finally:
-                    redistributor.close()
+                moved = scan_once(guard)
                 assert received.wait(8) == 8
                 time.sleep(0.5)
         assert moved == 8
