@@ -114,6 +114,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
@@ -131,7 +132,7 @@ from mqguard.jobthread import JobThread
 from mqguard.message import Message, now_ms, parse_wire_int
 from mqguard.registry import redact_url
 
-__all__ = ["BROKER_CAPABILITIES", "StompAdapter", "send_headers"]
+__all__ = ["BROKER_CAPABILITIES", "PendingSends", "StompAdapter", "send_headers"]
 
 log = logging.getLogger("mqguard.adapters.stomp")
 
@@ -193,6 +194,7 @@ MAX_ERROR_BODY: Final = 600
 _HEADER_NAME_FORBIDDEN = re.compile(r"[:\r\n\\]")
 #: STOMP 1.2 header value escaping.
 _ESCAPES: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
+_NEEDS_ESCAPE = re.compile(r"[\\\r\n:]")
 #: Frames are written in chunks of about this size (one sendall() each).
 WRITE_CHUNK_BYTES: Final = 256 * 1024
 
@@ -204,11 +206,39 @@ ON_DELIVERY_THREAD: Final = (
 
 def _encode_send(destination: str, body: bytes, headers: Mapping[str, str]) -> bytes:
     """A SEND frame as bytes (header names are validated by the caller: nothing to escape)."""
-    lines = ["SEND", f"destination:{destination.translate(_ESCAPES)}"]
-    lines.extend(f"{key}:{value.translate(_ESCAPES)}" for key, value in headers.items())
+    if (_NEEDS_ESCAPE.search("".join(headers.values())) is not None
+            or _NEEDS_ESCAPE.search(destination) is not None):
+        destination = destination.translate(_ESCAPES)
+        headers = {key: value.translate(_ESCAPES) for key, value in headers.items()}
+    # One join over the pieces: the send path builds a frame per message, and this is about
+    # twice as fast as a formatted line per header (values rarely need escaping, which with
+    # str.translate costs a few microseconds per value, hence the check above).
+    parts = ["SEND\ndestination:", destination]
+    for key, value in headers.items():
+        parts += ("\n", key, ":", value)
     if body:
-        lines.append(f"content-length:{len(body)}")
-    return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
+        parts.append(f"\ncontent-length:{len(body)}")
+    parts.append("\n\n")
+    return b"".join(("".join(parts).encode("utf-8"), body, b"\x00"))
+
+
+#: Header names already checked by :func:`_check_header_name` (names repeat from message to
+#: message; bounded so that a stream of distinct names cannot grow it without limit).
+_VALID_HEADER_NAMES: set[str] = set()
+_VALID_HEADER_NAMES_MAX: Final = 4096
+
+
+def _check_header_name(key: object, address: str) -> None:
+    """AdapterError unless ``key`` can be a SEND header name; remembers the good ones."""
+    if not isinstance(key, str) or not key or _HEADER_NAME_FORBIDDEN.search(key):
+        raise AdapterError(f"header name {key!r} of a message to {address!r} "
+                           "cannot be sent over STOMP (empty, or contains ':', '\\' or a "
+                           "line break)")
+    if key in RESERVED_SEND_HEADERS:
+        raise AdapterError(f"header {key!r} of a message to {address!r} is "
+                           "reserved by STOMP/the adapter; rename it")
+    if len(_VALID_HEADER_NAMES) < _VALID_HEADER_NAMES_MAX:
+        _VALID_HEADER_NAMES.add(key)
 
 
 def send_headers(message: Message, broker: str, *, persistent: bool,
@@ -218,16 +248,11 @@ def send_headers(message: Message, broker: str, *, persistent: bool,
     cannot carry. Shared by the adapter and the sidecar."""
     headers = message.wire_headers()
     for key, value in headers.items():
-        if not isinstance(key, str) or not key or _HEADER_NAME_FORBIDDEN.search(key):
-            raise AdapterError(f"header name {key!r} of a message to {message.address!r} "
-                               "cannot be sent over STOMP (empty, or contains ':', '\\' or a "
-                               "line break)")
+        if key not in _VALID_HEADER_NAMES:
+            _check_header_name(key, message.address)
         if not isinstance(value, str):
             raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
                                f"{type(value).__name__}, not str")
-        if key in RESERVED_SEND_HEADERS:
-            raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
-                               "reserved by STOMP/the adapter; rename it")
     if message.scheduled_delivery:
         if broker != "activemq":
             raise AdapterError(f"{broker} has no delayed delivery over STOMP: cannot hold "
@@ -458,6 +483,23 @@ class _Batch:
         self.done = threading.Event()
         if not ids:
             self.done.set()
+
+
+class PendingSends:
+    """Receipted SEND frames already written; :meth:`wait` for their RECEIPTs."""
+
+    __slots__ = ("_adapter", "_batch", "_deadline", "_what")
+
+    def __init__(self, adapter: StompAdapter, batch: _Batch, what: str, deadline: float) -> None:
+        self._adapter = adapter
+        self._batch = batch
+        self._what = what
+        self._deadline = deadline
+
+    def wait(self) -> None:
+        """Return once the broker confirmed every frame; AdapterError when one failed or
+        the receipt timeout (counted from the write) passed first."""
+        self._adapter._await(self._batch, self._what, self._deadline)
 
 
 @dataclass(slots=True)
@@ -1113,8 +1155,12 @@ class StompAdapter:
             if batch is not spare:
                 self._resolve(rid, reason)
 
-    def _await(self, batch: _Batch, what: str) -> None:
-        if not batch.done.wait(self._receipt_timeout):
+    def _await(self, batch: _Batch, what: str, deadline: float | None = None) -> None:
+        # ``deadline`` (monotonic): receipts written earlier are owed by then, not a full
+        # receipt_timeout after the caller got round to waiting for them.
+        timeout = (self._receipt_timeout if deadline is None
+                   else max(0.0, deadline - time.monotonic()))
+        if not batch.done.wait(timeout):
             with self._lock:
                 missing = sum(1 for rid in batch.ids if self._pending.pop(rid, None) is not None)
             raise AdapterError(f"no RECEIPT from {self.where} within {self._receipt_timeout:g}s "
@@ -1181,6 +1227,9 @@ class StompAdapter:
         any receipt is missing or an ERROR came back; the message names the failed indexes
         (the others were confirmed).
         """
+        if transaction is None:
+            self.send_many_nowait(messages).wait()
+            return
         self._refuse_on_delivery_thread("send")
         batch_messages = list(messages)
         if not batch_messages:
@@ -1188,19 +1237,35 @@ class StompAdapter:
         with self._lock:
             conn = self._require_conn("send")
             broker = self.broker
-            if transaction is not None:
-                tx = self._transactions.get(transaction)
-                if tx is None or tx.generation != self._generation:
-                    raise AdapterError(f"no open transaction {transaction!r} on {self.where}")
-                if tx.failure is not None:
-                    raise AdapterError(f"transaction {transaction} already failed: {tx.failure}")
+            tx = self._transactions.get(transaction)
+            if tx is None or tx.generation != self._generation:
+                raise AdapterError(f"no open transaction {transaction!r} on {self.where}")
+            if tx.failure is not None:
+                raise AdapterError(f"transaction {transaction} already failed: {tx.failure}")
         frames = [(self.destination(m.address), m.body, self._send_headers(m, broker))
                   for m in batch_messages]
-        if transaction is not None:
-            for _destination, _body, headers in frames:
-                headers["transaction"] = transaction
-            self._write(conn, frames)
-            return
+        for _destination, _body, headers in frames:
+            headers["transaction"] = transaction
+        self._write(conn, frames)
+
+    def send_many_nowait(self, messages: Iterable[Message]) -> PendingSends:
+        """Write receipted SEND frames for ``messages`` and return without waiting.
+
+        The returned handle's ``wait()`` blocks until every receipt arrived (AdapterError as
+        :meth:`send_many` otherwise). The guard writes a batch in parts this way, deciding
+        the next part while the broker works on the previous one. Errors found before
+        anything is written (disconnected, a header STOMP cannot carry, the delivery
+        thread) raise here, and then nothing of ``messages`` was sent.
+        """
+        self._refuse_on_delivery_thread("send")
+        batch_messages = list(messages)
+        if not batch_messages:
+            return PendingSends(self, _Batch([]), "SEND frames", time.monotonic())
+        with self._lock:
+            conn = self._require_conn("send")
+            broker = self.broker
+        frames = [(self.destination(m.address), m.body, self._send_headers(m, broker))
+                  for m in batch_messages]
         ids = [self._new_id("send") for _ in frames]
         for (_destination, _body, headers), rid in zip(frames, ids, strict=True):
             headers["receipt"] = rid
@@ -1212,8 +1277,8 @@ class StompAdapter:
                 for rid in ids:
                     self._pending.pop(rid, None)
             raise
-        what = "SEND frame" if len(ids) == 1 else "SEND frames"
-        self._await(batch, what)
+        return PendingSends(self, batch, "SEND frame" if len(ids) == 1 else "SEND frames",
+                            time.monotonic() + self._receipt_timeout)
 
     def _write(self, conn: Any, frames: list[tuple[str, bytes, dict[str, str]]]) -> None:
         transport = conn.transport

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from mqguard.adapter import Adapter, Capabilities, Delivery
 from mqguard.config import MqguardConfig, load_config
@@ -49,6 +49,19 @@ _DEFAULT_EVENT = {
     Action.DROP: EventType.DROPPED,
     Action.MOVE: EventType.MOVED,
 }
+
+
+#: Messages in the first part of a batch written before the rest is decided (see
+#: :meth:`Guard._send_in_parts`); each further part is twice as large, up to MAX_PART.
+FIRST_PART = 8
+MAX_PART = 64
+
+
+class PendingSend(Protocol):
+    """Frames an adapter has written and whose confirmations are outstanding."""
+
+    def wait(self) -> None:
+        """Return once the broker confirmed them all; raise AdapterError otherwise."""
 
 
 @dataclass(slots=True)
@@ -191,46 +204,133 @@ class Guard:
 
     def send_batch(self, adapter: Adapter, messages: Sequence[Message], *,
                    transaction: TransactionState | None = None) -> list[SendResult]:
-        """Guard several messages and send the accepted ones in one pipelined burst.
+        """Guard several messages and send the accepted ones pipelined; return once the
+        broker confirmed them (or, in a transaction, once they are written).
 
         Outside a transaction a REJECT raises :class:`MessageRejected` after the
-        accepted messages before it were sent. Inside a transaction a REJECT marks
-        the transaction rollback-only (Artemis semantics): COMMIT will fail.
+        accepted messages before it were sent; nothing after it is decided or sent.
+        Inside a transaction a REJECT marks the transaction rollback-only (Artemis
+        semantics): COMMIT will fail. Every message that reached the adapter gets
+        exactly one ``sent`` or ``send_failed`` event before this returns or raises.
         """
+        if transaction is None and len(messages) > 1:
+            return self._send_in_parts(adapter, messages)
         tx_id = transaction.transaction_id if transaction else None
         results: list[SendResult] = []
         outgoing: list[tuple[Message, HookContext]] = []
-        rejected: MessageRejected | None = None
-        batched = transaction is None and len(messages) > 1
         for message in messages:
             ctx = self.context(message.address, adapter.capabilities, role="producer",
                                transaction=tx_id, broker=adapter.broker)
-            ctx.batch = batched
             verdict = self.decide_send(message, ctx)
-            if verdict.action is Action.REJECT:
-                results.append(SendResult(message, verdict))
-                if transaction is not None:
-                    transaction.rollback_reason = transaction.rollback_reason or verdict.reason
-                    continue
-                rejected = MessageRejected(message.address, verdict.reason)
-                break
-            if verdict.action is Action.MOVE and verdict.address:
-                moved = message.copy_for(verdict.address)
-                moved.message_id = message.message_id
-                outgoing.append((moved, ctx))
-            elif verdict.action is Action.CONTINUE:
-                outgoing.append((message, ctx))
             results.append(SendResult(message, verdict))
-        if batched and outgoing:
-            outgoing = self._decide_batch(adapter, outgoing, results)
+            if verdict.action is Action.REJECT:
+                if transaction is None:
+                    raise MessageRejected(message.address, verdict.reason)
+                transaction.rollback_reason = transaction.rollback_reason or verdict.reason
+                continue
+            if (accepted := self._accepted(message, verdict)) is not None:
+                outgoing.append((accepted, ctx))
         self._transmit(adapter, outgoing, transaction)
+        return results
+
+    @staticmethod
+    def _accepted(message: Message, verdict: Verdict) -> Message | None:
+        """What goes to the broker for a ``before_send`` verdict: the message, its moved
+        copy (same mqguard id), or nothing (DROP, REJECT)."""
+        if verdict.action is Action.CONTINUE:
+            return message
+        if verdict.action is Action.MOVE and verdict.address:
+            moved = message.copy_for(verdict.address)
+            moved.message_id = message.message_id
+            return moved
+        return None
+
+    def _send_in_parts(self, adapter: Adapter, messages: Sequence[Message]
+                       ) -> list[SendResult]:
+        """The batch path outside transactions: decide and write the batch in parts.
+
+        The broker works on part n while the guard decides part n+1 (hooks and one
+        ``before_send_batch``, i.e. one duplicate-ID check-and-add, per part), instead
+        of idling until the whole batch is decided; the parts grow from
+        :data:`FIRST_PART` to :data:`MAX_PART` messages, so the first frames leave at
+        once and a batch still costs only a few store round trips. Receipts are awaited
+        at the end, part by part, and each part's ``sent`` events and ``after_send``
+        hooks run as soon as its receipts are in. Adapters without
+        ``send_many_nowait`` get the whole batch as one part, sent with ``send_many``.
+        """
+        send_nowait: Callable[[list[Message]], PendingSend] | None = getattr(
+            adapter, "send_many_nowait", None)
+        results: list[SendResult] = []
+        written: list[tuple[PendingSend, list[tuple[Message, HookContext]]]] = []
+        rejected: MessageRejected | None = None
+        failure: BaseException | None = None
+        position = 0
+        size = FIRST_PART if send_nowait is not None else len(messages)
+        try:
+            while position < len(messages) and rejected is None:
+                part = messages[position:position + size]
+                position += len(part)
+                size = min(size * 2, MAX_PART)
+                outgoing, rejected = self._decide_part(adapter, part, results)
+                if not outgoing:
+                    continue
+                if send_nowait is None:
+                    self._transmit(adapter, outgoing, None)
+                    continue
+                try:
+                    pending = send_nowait([message for message, _ in outgoing])
+                except Exception as exc:
+                    for message, ctx in outgoing:
+                        self.send_failed(message, ctx, exc)
+                    raise
+                written.append((pending, outgoing))
+        except BaseException as exc:
+            # Earlier parts are on their way: settle them (events, hooks) before raising.
+            failure = exc
+        for pending, outgoing in written:
+            try:
+                pending.wait()
+            except Exception as exc:
+                for message, ctx in outgoing:
+                    self.send_failed(message, ctx, exc)
+                failure = failure or exc
+                continue
+            for message, ctx in outgoing:
+                self.sent(message, ctx)
+        if failure is not None:
+            raise failure
         if rejected is not None:
             raise rejected
         return results
 
+    def _decide_part(self, adapter: Adapter, part: Sequence[Message],
+                     results: list[SendResult]
+                     ) -> tuple[list[tuple[Message, HookContext]], MessageRejected | None]:
+        """Run ``before_send`` over ``part`` (up to the first REJECT) and then
+        ``before_send_batch`` over what it accepted. Appends to ``results``; returns what
+        goes to the broker and the first rejection, if any."""
+        outgoing: list[tuple[Message, HookContext]] = []
+        for message in part:
+            ctx = self.context(message.address, adapter.capabilities, role="producer",
+                               broker=adapter.broker)
+            ctx.batch = True
+            verdict = self.decide_send(message, ctx)
+            results.append(SendResult(message, verdict))
+            if verdict.action is Action.REJECT:
+                # Decided so far is sent; nothing after the rejected message is.
+                rejected = MessageRejected(message.address, verdict.reason)
+                return self._decide_batch(adapter, outgoing, results)[0], rejected
+            if (accepted := self._accepted(message, verdict)) is not None:
+                outgoing.append((accepted, ctx))
+        return self._decide_batch(adapter, outgoing, results)
+
     def _decide_batch(self, adapter: Adapter, outgoing: list[tuple[Message, HookContext]],
-                      results: list[SendResult]) -> list[tuple[Message, HookContext]]:
-        """Run ``before_send_batch`` over the accepted messages; drop what it refuses."""
+                      results: list[SendResult]
+                      ) -> tuple[list[tuple[Message, HookContext]], MessageRejected | None]:
+        """Run ``before_send_batch`` over the accepted messages; returns what it did not
+        refuse, and the first REJECT among its verdicts (its messages are not sent)."""
+        if not outgoing:
+            return outgoing, None
         ctx = self.context(outgoing[0][0].address, adapter.capabilities, role="producer",
                            broker=adapter.broker)
         ctx.batch = True
@@ -239,7 +339,7 @@ class Guard:
             for index, verdict in (answer or {}).items():
                 verdicts.setdefault(index, verdict)
         if not verdicts:
-            return outgoing
+            return outgoing, None
         by_message = {id(result.message): result for result in results}
         kept: list[tuple[Message, HookContext]] = []
         rejected: MessageRejected | None = None
@@ -254,12 +354,7 @@ class Guard:
                 result.verdict = verdict
             if verdict.action is Action.REJECT and rejected is None:
                 rejected = MessageRejected(message.address, verdict.reason)
-        if rejected is not None:
-            # Keep send_batch's contract: what was accepted is sent, then the caller
-            # learns of the first rejection.
-            self._transmit(adapter, kept, None)
-            raise rejected
-        return kept
+        return kept, rejected
 
     def _transmit(self, adapter: Adapter, outgoing: list[tuple[Message, HookContext]],
                   transaction: TransactionState | None) -> None:

@@ -141,6 +141,29 @@ def test_send_many_pipelines_and_all_arrive(stomp: Factory, unique_name: str) ->
     assert all(d.ack_token is None for d in deliveries)  # ack:auto, nothing to ack
 
 
+def test_send_many_nowait_writes_parts_and_confirms_them_later(
+        stomp: Factory, unique_name: str) -> None:
+    # The guard writes a batch in parts and waits for all receipts at the end.
+    adapter = stomp()
+    pending = [adapter.send_many_nowait(_guarded(unique_name, str(i).encode(), sequence=i)
+                                        for i in range(start, start + 50))
+               for start in range(0, 150, 50)]
+    for part in pending:
+        part.wait()
+    with adapter._lock:
+        assert adapter._pending == {}  # every receipt arrived and was resolved
+    inbox = Inbox()
+    adapter.subscribe(unique_name, inbox, SubscribeOptions(ack="auto", prefetch=1000))
+    assert [d.message.sequence for d in inbox.wait_for(150)] == list(range(150))
+
+
+def test_send_many_nowait_refuses_on_a_closed_adapter(stomp: Factory, unique_name: str) -> None:
+    adapter = stomp(reconnect_attempts=0)
+    adapter.close()
+    with pytest.raises(AdapterError, match="cannot send"):
+        adapter.send_many_nowait([_guarded(unique_name, b"x")])
+
+
 def test_message_id_is_stable_across_a_redelivery(
         stomp: Factory, broker: str, unique_name: str) -> None:
     producer = stomp()
@@ -342,6 +365,7 @@ def test_blocking_calls_in_a_callback_raise_at_once_and_defer_can_send(
     calls: dict[str, Callable[[], object]] = {
         "send": lambda: adapter.send(_guarded(dla, b"direct")),
         "send_many": lambda: adapter.send_many([_guarded(dla, b"direct")]),
+        "send_many_nowait": lambda: adapter.send_many_nowait([_guarded(dla, b"direct")]),
         "subscribe": lambda: adapter.subscribe(f"{unique_name}-other", Inbox()),
         "begin": adapter.begin,
         "commit": lambda: adapter.commit("tx-unknown"),
