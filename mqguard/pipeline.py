@@ -10,6 +10,7 @@ what makes the event log auditable.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,23 @@ _DEFAULT_EVENT = {
 #: :meth:`Guard._send_in_parts`); each further part is twice as large, up to MAX_PART.
 FIRST_PART = 8
 MAX_PART = 64
+
+
+#: The verdict of a send no hook objected to (Verdict is frozen: one instance serves all).
+_CONTINUE = Verdict(Action.CONTINUE)
+
+
+def _stamp_ids(messages: Sequence[Message]) -> None:
+    """Give the messages without one an mqguard id, from one ``os.urandom`` call.
+
+    Same ids as :func:`~mqguard.message.new_message_id` (128 random bits, 32 hex
+    characters), one system call per part instead of one per message.
+    """
+    missing = [message for message in messages if not message.message_id]
+    if missing:
+        pool = os.urandom(16 * len(missing)).hex()
+        for index, message in enumerate(missing):
+            message.message_id = pool[32 * index:32 * index + 32]
 
 
 class PendingSend(Protocol):
@@ -192,7 +210,7 @@ class Guard:
             message.message_id = new_message_id()
         verdict = self._before_send.first(message=message, ctx=ctx)
         if verdict is None:
-            return Verdict(Action.CONTINUE)
+            return _CONTINUE
         if verdict.action is not Action.CONTINUE:
             self._record_verdict(message, verdict, ctx)
         return verdict
@@ -310,9 +328,10 @@ class Guard:
         ``before_send_batch`` over what it accepted. Appends to ``results``; returns what
         goes to the broker and the first rejection, if any."""
         outgoing: list[tuple[Message, HookContext]] = []
+        capabilities, broker = adapter.capabilities, adapter.broker
+        _stamp_ids(part)
         for message in part:
-            ctx = self.context(message.address, adapter.capabilities, role="producer",
-                               broker=adapter.broker)
+            ctx = self.context(message.address, capabilities, role="producer", broker=broker)
             ctx.batch = True
             verdict = self.decide_send(message, ctx)
             results.append(SendResult(message, verdict))
