@@ -136,10 +136,11 @@ class RunningSidecar:
 
 
 @contextmanager
-def running_sidecar(upstream_url: str, store_url: str,
-                    mode: str = "thread") -> Iterator[RunningSidecar]:
+def running_sidecar(upstream_url: str, store_url: str, mode: str = "thread",
+                    event_loop: str = "auto") -> Iterator[RunningSidecar]:
     """A sidecar in front of ``upstream_url`` (default plugins, ``store_url``, event log
-    in a temporary directory), on a thread of this process or as a process of its own."""
+    in a temporary directory), on a thread of this process or as a process of its own,
+    on the ``event_loop`` given (:mod:`mqguard.sidecar.eventloop`)."""
     if mode not in SIDECAR_MODES:
         raise ValueError(f"sidecar mode must be one of {SIDECAR_MODES}, not {mode!r}")
     with tempfile.TemporaryDirectory(prefix="mqguard-bench-proxy-") as tmp:
@@ -151,7 +152,7 @@ def running_sidecar(upstream_url: str, store_url: str,
                                                "event-log": {"directory": events_dir}}},
                                   "mqguard bench proxy")
             sidecar = Sidecar(config, parse_upstream(upstream_url), listen=("127.0.0.1", 0))
-            with SidecarThread(sidecar) as running:
+            with SidecarThread(sidecar, event_loop=event_loop) as running:
                 loop_thread = next((t for t in threading.enumerate()
                                     if t.name == "mqguard-sidecar"), None)
                 task = (f"/proc/self/task/{loop_thread.native_id}/stat"
@@ -159,7 +160,8 @@ def running_sidecar(upstream_url: str, store_url: str,
                 yield RunningSidecar(_with_port(upstream_url, running.port),
                                      lambda: _proc_cpu_seconds(task))
         else:
-            with _sidecar_process(upstream_url, store_url, Path(tmp), events_dir) as proc:
+            with _sidecar_process(upstream_url, store_url, Path(tmp), events_dir,
+                                  event_loop) as proc:
                 port = _wait_for_listening(proc, Path(tmp) / "sidecar.log")
                 stat = f"/proc/{proc.pid}/stat"
                 yield RunningSidecar(_with_port(upstream_url, port),
@@ -178,8 +180,8 @@ def _proc_cpu_seconds(stat_path: str | None) -> float | None:
 
 
 @contextmanager
-def _sidecar_process(upstream_url: str, store_url: str, tmp: Path,
-                     events_dir: str) -> Iterator[subprocess.Popen[bytes]]:
+def _sidecar_process(upstream_url: str, store_url: str, tmp: Path, events_dir: str,
+                     event_loop: str) -> Iterator[subprocess.Popen[bytes]]:
     config = tmp / "mqguard.toml"
     # JSON strings are valid TOML basic strings.
     config.write_text(f"[mqguard]\nstore = {json.dumps(store_url)}\n\n"
@@ -188,7 +190,7 @@ def _sidecar_process(upstream_url: str, store_url: str, tmp: Path,
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mqguard.cli", "sidecar", "--listen", "127.0.0.1:0",
-             "--upstream", upstream_url, "-c", str(config)],
+             "--upstream", upstream_url, "-c", str(config), "--event-loop", event_loop],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield proc

@@ -12,6 +12,7 @@ import orjson
 
 from mqguard.config import load_config
 from mqguard.errors import MqguardError
+from mqguard.sidecar.eventloop import LOOP_KINDS, loop_factory
 from mqguard.sidecar.server import Sidecar, parse_hostport, parse_upstream
 
 
@@ -56,10 +57,14 @@ class JsonLogFormatter(logging.Formatter):
                    "docs/load-balancing.md).")
 @click.option("--log-format", type=click.Choice(("text", "json")), default="text",
               show_default=True, help="Log lines as text or as one JSON object each.")
+@click.option("--event-loop", "event_loop", type=click.Choice(LOOP_KINDS), default="auto",
+              show_default=True,
+              help="asyncio's own loop, or uvloop (faster; mqguard[sidecar] installs it). "
+                   "auto: uvloop when installed.")
 def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
             upstream_insecure: bool, reap_addresses: tuple[str, ...],
-            redistribute_groups: tuple[str, ...], log_format: str) -> None:
+            redistribute_groups: tuple[str, ...], log_format: str, event_loop: str) -> None:
     """Run the transparent STOMP proxy in front of a broker.
 
     Unmodified STOMP 1.0-1.2 clients connect here instead of to the broker and get
@@ -77,6 +82,7 @@ def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | No
         target = parse_upstream(upstream, cafile=upstream_ca, insecure=upstream_insecure)
         listen_on = parse_hostport(listen, "--listen")
         admin_on = parse_hostport(admin, "--admin") if admin else None
+        new_loop = loop_factory(event_loop)
         if redistribute_groups:
             from mqguard.balancing import group_config
 
@@ -91,7 +97,8 @@ def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | No
     proxy = Sidecar(config, target, listen=listen_on, admin=admin_on, tls=tls,
                     reap_addresses=reap_addresses, redistribute=redistribute_groups)
     try:
-        asyncio.run(_serve(proxy))
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            runner.run(_serve(proxy))
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None
 

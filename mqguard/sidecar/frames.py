@@ -54,6 +54,7 @@ __all__ = [
     "FrameLimits",
     "encode",
     "encode_heartbeat",
+    "wire_of",
 ]
 
 STOMP_VERSIONS: Final = ("1.0", "1.1", "1.2")
@@ -68,6 +69,8 @@ _ALL_COMMANDS: Final = CLIENT_COMMANDS | SERVER_COMMANDS
 _UNESCAPED_COMMANDS: Final = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 
 _UNESCAPE_11: Final = {"n": "\n", "c": ":", "\\": "\\"}
+# What an escape stands for, in any version (NUL: never allowed in a header).
+_ESCAPED_CHARS: Final = "\n:\\\r\0"
 _UNESCAPE_12: Final = {**_UNESCAPE_11, "r": "\r"}
 
 # End of the header block: the first blank line (LF or CRLF). A regex finds the earliest of
@@ -134,13 +137,27 @@ class FrameError(MqguardError):
         self.frames: list[Frame | object] = []
 
 
+#: Decoded frames up to this size keep their received octets (:attr:`Frame.wire`), so a proxy
+#: relays them unchanged without encoding them again; bigger ones would double the memory a
+#: frame in flight holds, for a saving that the copy of their body dwarfs anyway.
+MAX_WIRE_KEPT: Final = 64 * 1024
+
+
 @dataclass(slots=True)
 class Frame:
-    """One STOMP frame. ``headers`` keeps wire order; a name may repeat (first one wins)."""
+    """One STOMP frame. ``headers`` keeps wire order; a name may repeat (first one wins).
+
+    ``wire``: the octets the frame was decoded from (command to NUL), kept by
+    :class:`FrameDecoder` for frames up to :data:`MAX_WIRE_KEPT`, or None. :meth:`set` and
+    :meth:`remove` drop it, so :func:`wire_of` never returns stale octets as long as the
+    headers of a decoded frame are changed through them (code that edits ``headers`` or
+    ``body`` directly must set ``wire`` to None itself). Not part of equality.
+    """
 
     command: str
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
+    wire: bytes | None = field(default=None, compare=False, repr=False)
 
     def get(self, name: str, default: str | None = None) -> str | None:
         """Value of the first header called ``name`` (the spec's rule for repeats)."""
@@ -162,10 +179,16 @@ class Frame:
         if not found:
             kept.append((name, value))
         self.headers[:] = kept
+        self.wire = None
 
     def remove(self, name: str) -> None:
-        """Remove every header called ``name``."""
-        self.headers[:] = [item for item in self.headers if item[0] != name]
+        """Remove every header called ``name`` (from ``wire`` too, when that is simple)."""
+        kept = [item for item in self.headers if item[0] != name]
+        if len(kept) == len(self.headers):
+            return
+        self.headers[:] = kept
+        wire = self.wire
+        self.wire = None if wire is None else _without_header_line(wire, name)
 
     def header_dict(self) -> dict[str, str]:
         """Headers as a dict, first occurrence of each name winning, wire order kept."""
@@ -174,6 +197,29 @@ class Frame:
             if key not in result:
                 result[key] = value
         return result
+
+
+def _without_header_line(wire: bytes, name: str) -> bytes | None:
+    """``wire`` with the one header line called ``name`` cut out; None when not that simple.
+
+    Simple: ``name`` is plain ASCII that no STOMP version escapes (and not
+    ``content-length``), and exactly one line of
+    the header block starts with it (decoded headers come from these very lines, so the
+    line cut is the header removed). The cut runs from the LF before the line to the LF
+    after it, so the line's own EOL (LF or CRLF) goes with it.
+    """
+    if (not name.isascii() or any(c in name for c in _ESCAPED_CHARS)
+            or name == "content-length"):  # it frames the body: encode() decides that one
+        return None
+    head_end = _HEAD_END.search(wire)
+    if head_end is None:
+        return None
+    needle = b"\n" + name.encode() + b":"
+    at = wire.find(needle, 0, head_end.start())
+    if at < 0 or wire.find(needle, at + 1, head_end.start()) >= 0:
+        return None
+    end = wire.find(b"\n", at + 1)
+    return wire[:at] + wire[end:]
 
 
 def _check_version(version: str) -> None:
@@ -481,7 +527,12 @@ class FrameDecoder:
                     raise FrameError("missing NUL after body", detail=f"content-length {length}")
                 body = buf[body_start:end]
                 pos = end + 1
-            append(Frame(command, headers, body))
+            # Octets kept for relaying unchanged, unless a repeated content-length makes the
+            # frame ambiguous (encode() keeps only the first one: a peer reading the last
+            # one would see other frame boundaries than the proxy did).
+            keep = pos - start <= MAX_WIRE_KEPT and (
+                length is None or buf.count(b"\ncontent-length:", start, head_end) == 1)
+            append(Frame(command, headers, body, buf[start:pos] if keep else None))
         if pos < n:
             self._stash(buf, pos, _HEAD)
             self._scan = 0
@@ -541,6 +592,17 @@ def encode_heartbeat() -> bytes:
     return b"\n"
 
 
+def wire_of(frame: Frame, version: str) -> bytes:
+    """The octets to relay ``frame`` with: as received when unchanged, else :func:`encode`.
+
+    Only for a frame decoded on a connection speaking ``version`` too (a proxy's two legs
+    negotiate the same version): received octets were valid there, so they are as good as
+    an encoding of their own, and skipping the encoding is most of a relay's work.
+    """
+    wire = frame.wire
+    return wire if wire is not None else encode(frame, version)
+
+
 def encode(frame: Frame, version: str = "1.2") -> bytes:
     """The wire form of ``frame`` for a connection speaking STOMP ``version``.
 
@@ -557,9 +619,30 @@ def encode(frame: Frame, version: str = "1.2") -> bytes:
         raise FrameError("bad command", detail=_short(command))
     body = frame.body if type(frame.body) is bytes else bytes(frame.body)
     escaped = version != "1.0" and command not in _UNESCAPED_COMMANDS
+    headers = frame.headers
+    if escaped and headers:
+        # Fast path, most frames: no octet that needs an escape or a check. Joined, the
+        # lines then hold one ":" and one LF per header (the separators) and no "\\",
+        # CR or NUL; an empty name shows as "\n:", a content-length as its line start.
+        head = f"{command}\n" + "\n".join([f"{name}:{value}" for name, value in headers])
+        if (head.count(":") == len(headers) and head.count("\n") == len(headers)
+                and "\\" not in head and "\r" not in head and "\0" not in head
+                and "\n:" not in head and "\ncontent-length:" not in head):
+            if b"\0" in body:
+                head += f"\ncontent-length:{len(body)}"
+            try:
+                return b"".join((head.encode("utf-8"), b"\n\n", body, b"\0"))
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: the full path below says so
+    return _encode_checked(command, headers, body, version, escaped)
+
+
+def _encode_checked(command: str, headers: list[tuple[str, str]], body: bytes, version: str,
+                    escaped: bool) -> bytes:
+    """:func:`encode` header by header: escapes, checks, content-length normalised."""
     lines = [command]
     has_length = False
-    for name, value in frame.headers:
+    for name, value in headers:
         if name == "content-length":
             if has_length:
                 continue

@@ -30,6 +30,7 @@ from mqguard.config import MqguardConfig, SidecarConfig
 from mqguard.errors import ConfigError
 from mqguard.pipeline import Guard
 from mqguard.registry import redact_url
+from mqguard.sidecar.eventloop import loop_factory
 from mqguard.sidecar.frames import Frame, FrameLimits, encode
 from mqguard.sidecar.metrics import SidecarMetrics
 from mqguard.sidecar.session import ProxySession, address_of
@@ -329,9 +330,9 @@ def _outcome_label(outcome: str) -> str:
 class SidecarThread:
     """A sidecar on an event loop of its own thread (tests, benchmarks, the demo)."""
 
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: Sidecar, *, event_loop: str = "asyncio") -> None:
         self.sidecar = sidecar
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory(event_loop)()
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mqguard-sidecar", daemon=True)

@@ -55,6 +55,7 @@ from mqguard.sidecar.frames import (
     FrameDecoder,
     FrameError,
     encode,
+    wire_of,
 )
 from mqguard.sidecar.outbox import Outbox
 from mqguard.sidecar.receipts import CHAIN_RECEIPT_PREFIX, ReceiptChain
@@ -414,7 +415,10 @@ class ProxySession:
     # -- writing -------------------------------------------------------------------------
 
     def _write_client(self, frame: Frame) -> None:
-        self._client_out.write(encode(frame, self.version))
+        # A broker frame relayed unchanged (most MESSAGEs) leaves as its received octets.
+        # Client frames are always encoded again instead: that normalises what the broker
+        # gets (one content-length, escapes as the version wants).
+        self._client_out.write(wire_of(frame, self.version))
 
     def _write_client_bytes(self, data: bytes) -> None:
         self._client_out.write(data)
