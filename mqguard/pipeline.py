@@ -9,6 +9,7 @@ what makes the event log auditable.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -53,9 +54,11 @@ _DEFAULT_EVENT = {
 
 
 #: Messages in the first part of a batch written before the rest is decided (see
-#: :meth:`Guard._send_in_parts`); each further part is twice as large, up to MAX_PART.
+#: :meth:`Guard._send_in_parts`); each further part is PART_GROWTH times as large, up to
+#: MAX_PART messages.
 FIRST_PART = 8
-MAX_PART = 64
+PART_GROWTH = 4
+MAX_PART = 256
 
 
 #: The verdict of a send no hook objected to (Verdict is frozen: one instance serves all).
@@ -79,7 +82,8 @@ class PendingSend(Protocol):
     """Frames an adapter has written and whose confirmations are outstanding."""
 
     def wait(self) -> None:
-        """Return once the broker confirmed them all; raise AdapterError otherwise."""
+        """Return once the broker confirmed them all; raise AdapterError otherwise.
+        May be called more than once, with the same outcome each time."""
 
 
 @dataclass(slots=True)
@@ -270,11 +274,13 @@ class Guard:
         The broker works on part n while the guard decides part n+1 (hooks and one
         ``before_send_batch``, i.e. one duplicate-ID check-and-add, per part), instead
         of idling until the whole batch is decided; the parts grow from
-        :data:`FIRST_PART` to :data:`MAX_PART` messages, so the first frames leave at
-        once and a batch still costs only a few store round trips. Receipts are awaited
-        at the end, part by part, and each part's ``sent`` events and ``after_send``
-        hooks run as soon as its receipts are in. Adapters without
-        ``send_many_nowait`` get the whole batch as one part, sent with ``send_many``.
+        :data:`FIRST_PART` to :data:`MAX_PART` messages (8, 32, 60 for a batch of 100),
+        so the first frames leave at once and a batch still costs only a few store round
+        trips. Receipts are awaited once every part is written (the last part first, so
+        the thread wakes once per batch), then the parts are settled in order: ``sent``
+        events and ``after_send`` hooks, or ``send_failed`` and ``on_send_exception``
+        for the messages of a part that failed. Adapters without ``send_many_nowait`` get
+        the whole batch as one part, sent with ``send_many``.
         """
         send_nowait: Callable[[list[Message]], PendingSend] | None = getattr(
             adapter, "send_many_nowait", None)
@@ -288,7 +294,7 @@ class Guard:
             while position < len(messages) and rejected is None:
                 part = messages[position:position + size]
                 position += len(part)
-                size = min(size * 2, MAX_PART)
+                size = min(size * PART_GROWTH, MAX_PART)
                 outgoing, rejected = self._decide_part(adapter, part, results)
                 if not outgoing:
                     continue
@@ -305,6 +311,12 @@ class Guard:
         except BaseException as exc:
             # Earlier parts are on their way: settle them (events, hooks) before raising.
             failure = exc
+        if len(written) > 1:
+            # The broker confirms in order: once the last part is in, so are the others
+            # (normally), and the thread wakes up once per batch instead of once per part.
+            # Its outcome is looked at again, in order, below.
+            with contextlib.suppress(Exception):
+                written[-1][0].wait()
         for pending, outgoing in written:
             try:
                 pending.wait()
