@@ -615,7 +615,7 @@ def encode(frame: Frame, version: str = "1.2") -> bytes:
     """
     _check_version(version)
     command = frame.command
-    if not _is_command_name(command):
+    if command not in _ALL_COMMANDS and not _is_command_name(command):
         raise FrameError("bad command", detail=_short(command))
     body = frame.body if type(frame.body) is bytes else bytes(frame.body)
     escaped = version != "1.0" and command not in _UNESCAPED_COMMANDS

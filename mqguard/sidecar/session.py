@@ -63,8 +63,7 @@ from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
 from mqguard.verdict import Action
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter
-
+    from mqguard.sidecar.metrics import Count
     from mqguard.sidecar.server import Sidecar
 
 log = logging.getLogger("mqguard.sidecar")
@@ -303,6 +302,11 @@ class ProxySession:
     def _connected(self, frame: Frame) -> None:
         self.version = frame.get("version") or "1.0"
         self.broker = detect_broker(frame.get("server"))
+        if self.broker == "rabbitmq" and self._broker_source is not None:
+            # RabbitMQ's STOMP listener writes with TCP_NODELAY (its default
+            # tcp_listen_options): no segment of it waits for our ack, so the quick-ack
+            # system call after every read (see _quick_ack) buys nothing there.
+            self._broker_source.after_read = None
         self._client_decoder.version = self.version
         self._broker_decoder.version = self.version
         loop = asyncio.get_running_loop()
@@ -853,12 +857,13 @@ class _FrameSource:
     receipt followed by garbage is still delivered and receipted before the ERROR).
     """
 
-    __slots__ = ("_after_read", "_counter", "_decoder", "_error", "_reader", "_ready")
+    __slots__ = ("_counter", "_decoder", "_error", "_reader", "_ready", "after_read")
 
     def __init__(self, reader: asyncio.StreamReader, decoder: FrameDecoder,
-                 counter: Counter, *, after_read: Callable[[], None] | None = None) -> None:
+                 counter: Count, *, after_read: Callable[[], None] | None = None) -> None:
         self._reader = reader
-        self._after_read = after_read
+        #: Called after each read (TCP quick-ack); None for nothing.
+        self.after_read = after_read
         self._decoder = decoder
         self._counter = counter
         self._ready: deque[Frame | object] = deque()
@@ -872,9 +877,9 @@ class _FrameSource:
             data = await self._reader.read(_READ_CHUNK)
             if not data:
                 return None
-            if self._after_read is not None:
-                self._after_read()
-            self._counter.inc(len(data))
+            if self.after_read is not None:
+                self.after_read()
+            self._counter.value += len(data)
             try:
                 self._ready.extend(_without_padding(self._decoder.feed(data)))
             except FrameError as exc:
