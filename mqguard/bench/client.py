@@ -2,12 +2,18 @@
 
 For each broker and store, and each direction, the raw client (stomp.py or
 paho-mqtt) and the guarded path do the same work — confirmed sends in
-pipelined batches, individually acknowledged receives — in alternating rounds.
-Guarded sends carry a unique ``_AMQ_DUPL_ID`` (raw STOMP sends carry the same
-header) so duplicate detection runs at full cost;
-the median of each side gives ``ratio = guarded_per_s / raw_per_s``. Every
-built-in plugin that is enabled by default runs on the guarded side, and the
-event log writes to a temporary directory, because that is what users pay for.
+pipelined batches, individually acknowledged receives. Guarded sends carry a
+unique ``_AMQ_DUPL_ID`` (raw STOMP sends carry the same header) so duplicate
+detection runs at full cost. Every built-in plugin that is enabled by default
+runs on the guarded side, and the event log writes to a temporary directory,
+because that is what users pay for.
+
+Produce interleaves the two sides batch by batch within each round (raw batch,
+guarded batch, guarded, raw, ... each side's time is the sum of its batches), so
+both see the same machine and broker state to within a batch: on a shared,
+loaded machine whole-run alternation let load swings of a few seconds decide
+the ratio. Consume alternates whole runs (a consumer drains a preloaded queue).
+The median of each side's rounds gives ``ratio = guarded_per_s / raw_per_s``.
 """
 
 from __future__ import annotations
@@ -63,16 +69,34 @@ def _bodies(count: int, size: int) -> list[bytes]:
     return [(b"%08d" % i).ljust(size, b"x") for i in range(count)]
 
 
-def _guarded_produce(url: str, guard: Guard, address: str, bodies: list[bytes],
-                     batch: int) -> float:
-    with GuardedProducer(open_adapter(url), guard) as producer:
-        started = time.perf_counter()
-        for start in range(0, len(bodies), batch):
-            # Unique duplicate ids: the duplicate_detection plugin does its full work
-            # (one check-and-add per address and batch) without dropping anything.
-            producer.send_batch([producer.message(address, body, duplicate_id=f"{address}-{i}")
-                                 for i, body in enumerate(bodies[start:start + batch], start)])
-        return time.perf_counter() - started
+def _produce_interleaved(protocol: str, url: str, guard: Guard, bodies: list[bytes],
+                         batch: int) -> tuple[float, float]:
+    """Send ``bodies`` once raw and once guarded, alternating batch by batch (and which
+    side goes first); returns the seconds each side spent in its batches."""
+    raw_address = f"mqguard.bench.produce.{new_message_id()[:10]}"
+    address = f"mqguard.bench.produce.{new_message_id()[:10]}"
+    raw_producer: raw.StompProducer | raw.MqttProducer = (
+        raw.StompProducer(url, raw_address) if protocol == "stomp"
+        else raw.MqttProducer(url, raw_address))
+    spent = {"raw": 0.0, "guarded": 0.0}
+    try:
+        with GuardedProducer(open_adapter(url), guard) as producer:
+            for number, start in enumerate(range(0, len(bodies), batch)):
+                part = bodies[start:start + batch]
+                for side in ("raw", "guarded") if number % 2 == 0 else ("guarded", "raw"):
+                    started = time.perf_counter()
+                    if side == "raw":
+                        raw_producer.send_batch(part)
+                    else:
+                        # Unique duplicate ids: the duplicate_detection plugin does its full
+                        # work (one check-and-add per address and part) and drops nothing.
+                        producer.send_batch([
+                            producer.message(address, body, duplicate_id=f"{address}-{i}")
+                            for i, body in enumerate(part, start)])
+                    spent[side] += time.perf_counter() - started
+    finally:
+        raw_producer.close()
+    return spent["raw"], spent["guarded"]
 
 
 def _guarded_consume(url: str, guard: Guard, address: str, count: int, prefetch: int,
@@ -110,27 +134,27 @@ def run_case(broker: str, url: str, store_name: str, store_url: str, direction: 
     guarded_runs: list[float] = []
     with bench_guard(store_url) as guard:
         for round_number in range(rounds):
+            if direction == "produce":
+                raw_seconds, guarded_seconds = _produce_interleaved(protocol, url, guard,
+                                                                    bodies, batch)
+                raw_runs.append(messages / raw_seconds)
+                guarded_runs.append(messages / guarded_seconds)
+                continue
             # Alternate which side goes first so warm-up and drift favour neither.
             order = ("raw", "guarded") if round_number % 2 == 0 else ("guarded", "raw")
             for side in order:
                 address = f"mqguard.bench.{direction}.{new_message_id()[:10]}"
-                seconds = _run_side(protocol, side, direction, url, guard, address, bodies,
-                                    batch, prefetch)
+                seconds = _consume_side(protocol, side, url, guard, address, bodies,
+                                        batch, prefetch)
                 (raw_runs if side == "raw" else guarded_runs).append(messages / seconds)
     raw_rate, guarded_rate = median(raw_runs), median(guarded_runs)
     return ClientCase(broker, store_name, direction, messages, raw_rate, guarded_rate,
                       guarded_rate / raw_rate if raw_rate else 0.0, raw_runs, guarded_runs)
 
 
-def _run_side(protocol: str, side: str, direction: str, url: str, guard: Guard, address: str,
-              bodies: list[bytes], batch: int, prefetch: int) -> float:
-    if direction == "produce":
-        if side == "guarded":
-            return _guarded_produce(url, guard, address, bodies, batch)
-        if protocol == "stomp":
-            return raw.stomp_produce(url, address, bodies, batch)
-        return raw.mqtt_produce(url, address, bodies, batch)
-    # consume: queue the messages first (untimed), then time draining them.
+def _consume_side(protocol: str, side: str, url: str, guard: Guard, address: str,
+                  bodies: list[bytes], batch: int, prefetch: int) -> float:
+    # Queue the messages first (untimed), then time draining them.
     client_id = f"bench-{new_message_id()[:12]}"
     if protocol == "mqtt":
         # MQTT has no queues: a persistent session subscribed beforehand holds them.

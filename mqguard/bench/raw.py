@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -59,23 +59,41 @@ def _stomp_connect(url: str) -> tuple[stomp.Connection12, _Receipts]:
     return conn, listener
 
 
+class StompProducer:
+    """Plain stomp.py sending confirmed batches: every SEND receipted, each batch awaited."""
+
+    def __init__(self, url: str, address: str) -> None:
+        self.address = address
+        self.destination = stomp_destination(address)
+        self.conn, self.listener = _stomp_connect(url)
+        self.sent = 0
+
+    def send_batch(self, bodies: Sequence[bytes]) -> None:
+        listener = self.listener
+        for i, body in enumerate(bodies, self.sent):
+            receipt = f"r{i}"
+            with listener.cond:
+                listener.pending.add(receipt)
+            self.conn.send(self.destination, body,
+                           headers={"persistent": "true", "receipt": receipt,
+                                    "_AMQ_DUPL_ID": f"{self.address}-{i}"})
+        self.sent += len(bodies)
+        listener.wait()
+
+    def close(self) -> None:
+        self.conn.disconnect()
+
+
 def stomp_produce(url: str, address: str, bodies: list[bytes], batch: int) -> float:
     """Send every body, ``batch`` frames at a time, each batch confirmed; returns seconds."""
-    conn, listener = _stomp_connect(url)
-    destination = stomp_destination(address)
+    producer = StompProducer(url, address)
     try:
         started = time.perf_counter()
         for start in range(0, len(bodies), batch):
-            for i, body in enumerate(bodies[start:start + batch], start):
-                receipt = f"r{i}"
-                with listener.cond:
-                    listener.pending.add(receipt)
-                conn.send(destination, body, headers={"persistent": "true", "receipt": receipt,
-                                                      "_AMQ_DUPL_ID": f"{address}-{i}"})
-            listener.wait()
+            producer.send_batch(bodies[start:start + batch])
         return time.perf_counter() - started
     finally:
-        conn.disconnect()
+        producer.close()
 
 
 def stomp_consume(url: str, address: str, count: int, prefetch: int,
@@ -117,19 +135,32 @@ def _mqtt_client(url: str, client_id: str) -> mqtt.Client:
     return client
 
 
+class MqttProducer:
+    """Plain paho-mqtt publishing QoS 1 batches, each batch's PUBACKs awaited."""
+
+    def __init__(self, url: str, address: str) -> None:
+        self.client = _mqtt_client(url, f"raw-pub-{time.monotonic_ns()}")
+        self.topic = address.replace(".", "/")
+
+    def send_batch(self, bodies: Sequence[bytes]) -> None:
+        infos = [self.client.publish(self.topic, body, qos=1) for body in bodies]
+        for info in infos:
+            info.wait_for_publish(30)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
 def mqtt_produce(url: str, address: str, bodies: list[bytes], batch: int) -> float:
-    client = _mqtt_client(url, f"raw-pub-{time.monotonic_ns()}")
-    topic = address.replace(".", "/")
+    producer = MqttProducer(url, address)
     try:
         started = time.perf_counter()
         for start in range(0, len(bodies), batch):
-            infos = [client.publish(topic, body, qos=1) for body in bodies[start:start + batch]]
-            for info in infos:
-                info.wait_for_publish(30)
+            producer.send_batch(bodies[start:start + batch])
         return time.perf_counter() - started
     finally:
-        client.loop_stop()
-        client.disconnect()
+        producer.close()
 
 
 def mqtt_subscribe_session(url: str, address: str, client_id: str) -> None:
