@@ -42,6 +42,10 @@ class HookContext:
     #: True on the send path when the message is part of a batch that
     #: ``before_send_batch`` will see as a whole (work may be deferred to it).
     batch: bool = False
+    #: One ordered stream of sends whose confirmations come back in order (a sidecar
+    #: client connection), or None. Sends of one sender succeed or fail in order, which
+    #: lets duplicate detection drop a repeat of an id the same sender still has in flight.
+    sender: str | None = None
 
     @property
     def store(self) -> Store:

@@ -20,6 +20,19 @@ Semantics follow ActiveMQ Artemis (``PostOfficeImpl.checkDuplicateID``,
   ``BRIDGE.<address>``, with an immediate check-and-add; when present,
   ``_AMQ_DUPL_ID`` is not checked.
 
+Two-phase ids (where mqguard cannot be Artemis): Artemis adds an id to the cache in
+the same storage transaction as the message, so a send that fails adds nothing. Here the
+cache (the store) and the message (the broker) are two systems, so an id is *reserved*
+when its send is decided, *confirmed* once the broker confirmed the send
+(``after_send``; confirmations are coalesced: piggybacked on the next reservation of the
+same cache, else flushed by a background thread within ``confirm-flush-ms``) and
+*released* when the send failed (``on_send_exception``), so a retry of a send that never
+reached the broker is not mistaken for a duplicate and lost. A second send of an id whose
+first send is still unconfirmed is refused (``DUPLICATE_ID_IN_FLIGHT``: its fate is
+unknown, so it can be neither routed nor dropped; the sender retries). A reservation
+older than ``pending-timeout-ms`` belongs to a sender presumed dead (killed between the
+reservation and the broker's confirmation) and is taken over by the next sender.
+
 The plugin runs ``trylast``: a message another plugin rejects does not take a
 slot in the cache.
 """
@@ -28,8 +41,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
@@ -37,8 +51,13 @@ from mqguard import hookimpl
 from mqguard.config import MqguardConfig, PluginOptions, parse_plugin_options
 from mqguard.context import HookContext
 from mqguard.digest import id_digest
+from mqguard.errors import StoreError
 from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER, DUPLICATE_ID_HEADER, Message
+from mqguard.stores.base import RingOutcome, Store
 from mqguard.verdict import Verdict
+
+if TYPE_CHECKING:
+    from mqguard.pipeline import Guard
 
 log = logging.getLogger("mqguard.plugins.duplicate_detection")
 
@@ -46,8 +65,14 @@ NAME = "duplicate_detection"
 DUPLICATE_EVENT = "duplicate_rejected"
 #: Artemis's error code for a transaction that carried a duplicate.
 TX_ERROR_CODE = "DUPLICATE_ID_REJECTED"
+#: Error code of a send refused because the same id's earlier send is not confirmed yet.
+IN_FLIGHT_CODE = "DUPLICATE_ID_IN_FLIGHT"
+IN_FLIGHT_EVENT = "duplicate_in_flight"
 #: Longest duplicate id accepted; longer ones are refused (ids come from the network).
 MAX_ID_LENGTH = 4096
+#: Confirmations kept for a later flush while the store is unreachable; beyond this the
+#: oldest are dropped (their reservations then go stale and may be taken over).
+MAX_OWED_CONFIRMATIONS = 100_000
 
 
 def bridge_cache_name(address: str) -> str:
@@ -61,6 +86,8 @@ class _StagedTransaction:
     ids: dict[str, list[bytes]] = field(default_factory=dict)
     capacity: dict[str, int] = field(default_factory=dict)
     duplicate_ids: dict[bytes, str] = field(default_factory=dict)
+    #: Caches whose ids were reserved at COMMIT (released again if the COMMIT fails).
+    reserved: list[str] = field(default_factory=list)
 
 
 class DuplicateDetectionOptions(PluginOptions):
@@ -69,20 +96,38 @@ class DuplicateDetectionOptions(PluginOptions):
     #: Further header names (MQTT 5 user properties) whose values are duplicate ids, besides
     #: ``_AMQ_DUPL_ID``; the first one a message carries is used.
     headers: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    #: A reserved id whose send was not confirmed within this time (ms) belongs to a sender
+    #: presumed dead, and the next sender of the id takes it over. Longer than any send's
+    #: confirmation takes; shorter means a crashed sender's retries wait less.
+    pending_timeout_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    #: Longest a confirmation waits (ms) before a background flush when no reservation of
+    #: the same cache carries it first.
+    confirm_flush_ms: int = Field(default=20, ge=1, le=10_000)
 
 
 class DuplicateDetectionPlugin:
-    """One instance per guard; holds only the staged ids of open transactions."""
+    """One instance per guard: the staged ids of open transactions and the confirmations
+    owed to the store."""
 
     def __init__(self) -> None:
         self.extra_headers: tuple[str, ...] = ()
+        self.pending_ms = DuplicateDetectionOptions().pending_timeout_ms
         self._staged: dict[str, _StagedTransaction] = {}
+        # (cache, digest) -> sender, for reservations of senders with ordered confirmations.
+        self._held: dict[tuple[str, bytes], str] = {}
         self._lock = threading.Lock()
+        self._confirmations = _Confirmations(DuplicateDetectionOptions().confirm_flush_ms)
 
     @hookimpl
     def configure(self, config: MqguardConfig) -> None:
-        headers = parse_plugin_options(config, NAME, DuplicateDetectionOptions).headers
-        self.extra_headers = tuple(h for h in headers if h != DUPLICATE_ID_HEADER)
+        options = parse_plugin_options(config, NAME, DuplicateDetectionOptions)
+        self.extra_headers = tuple(h for h in options.headers if h != DUPLICATE_ID_HEADER)
+        self.pending_ms = options.pending_timeout_ms
+        self._confirmations.flush_s = options.confirm_flush_ms / 1000
+
+    @hookimpl
+    def guard_stopping(self, guard: Guard) -> None:
+        self._confirmations.stop()
 
     def duplicate_id_of(self, message: Message) -> str | None:
         if message.duplicate_id is not None:
@@ -128,12 +173,97 @@ class DuplicateDetectionPlugin:
             capacity = ctx.guard.settings.resolve(address).id_cache_size
             if capacity == 0:
                 continue
-            flags = ctx.store.ring_check_and_add(
-                address, [id_digest(dup) for _, dup in entries], capacity)
-            for (index, duplicate_id), duplicate in zip(entries, flags, strict=True):
-                if duplicate:
+            found = self._reserve(ctx.store, address, [id_digest(dup) for _, dup in entries],
+                                  capacity, sender=ctx.sender)
+            for (index, duplicate_id), outcome in zip(entries, found, strict=True):
+                if outcome is RingOutcome.DUPLICATE:
                     verdicts[index] = self._duplicate(messages[index], address, duplicate_id)
+                elif outcome is RingOutcome.IN_FLIGHT:
+                    verdicts[index] = self._in_flight(address, duplicate_id)
         return verdicts or None
+
+    def _reserve(self, store: Store, cache: str, digests: list[bytes], capacity: int, *,
+                 all_or_none: bool = False, sender: str | None = None) -> list[RingOutcome]:
+        """Reserve ``digests``, carrying the confirmations owed to ``cache``."""
+        owed = self._confirmations.take(cache)
+        try:
+            found = store.ring_reserve(cache, digests, capacity, self.pending_ms, confirm=owed,
+                                       all_or_none=all_or_none)
+        except BaseException:
+            self._confirmations.give_back(cache, owed)
+            raise
+        if sender is None:
+            return found
+        with self._lock:
+            for index, (digest, outcome) in enumerate(zip(digests, found, strict=True)):
+                if outcome is RingOutcome.NEW:
+                    self._held[(cache, digest)] = sender
+                elif (outcome is RingOutcome.IN_FLIGHT
+                      and self._held.get((cache, digest)) == sender):
+                    # The same ordered stream: this send's fate follows the earlier one's
+                    # (if that fails, so does the receipt of this one), so it is a duplicate.
+                    found[index] = RingOutcome.DUPLICATE
+        return found
+
+    def _settled(self, cache: str, digest: bytes) -> None:
+        if self._held:
+            with self._lock:
+                self._held.pop((cache, digest), None)
+
+    def _confirm_owed(self, store: Store, cache: str) -> None:
+        owed = self._confirmations.take(cache)
+        if owed:
+            try:
+                store.ring_confirm(cache, owed)
+            except BaseException:
+                self._confirmations.give_back(cache, owed)
+                raise
+
+    def _in_flight(self, cache: str, duplicate_id: str) -> Verdict:
+        log.warning("Duplicate id in flight - message refused, retry later: address=%s "
+                    "duplicate_id=%r", cache, duplicate_id)
+        return Verdict.reject(
+            f"{IN_FLIGHT_CODE}: duplicate id {duplicate_id!r} is reserved in {cache} by a send "
+            f"not confirmed yet; retry (a sender silent for {self.pending_ms} ms is taken "
+            f"over)", event=IN_FLIGHT_EVENT)
+
+    def _cache_key(self, message: Message) -> tuple[str, bytes] | None:
+        """The cache and digest ``before_send`` reserved for ``message``, if any."""
+        bridge_id = message.headers.get(BRIDGE_DUPLICATE_ID_HEADER)
+        if bridge_id is not None:
+            return bridge_cache_name(message.address), id_digest(bridge_id)
+        duplicate_id = self.duplicate_id_of(message)
+        if duplicate_id is None or len(duplicate_id) > MAX_ID_LENGTH:
+            return None
+        return message.address, id_digest(duplicate_id)
+
+    @hookimpl
+    def after_send(self, message: Message, ctx: HookContext) -> None:
+        # A transaction's ids are confirmed together in transaction_ended.
+        if ctx.transaction is not None or ctx.settings.id_cache_size == 0:
+            return
+        if (key := self._cache_key(message)) is not None:
+            self._settled(*key)
+            self._confirmations.owe(ctx.store, *key)
+
+    @hookimpl
+    def on_send_exception(self, message: Message, ctx: HookContext,
+                          exception: BaseException) -> None:
+        # The broker may or may not have the message; releasing lets a retry through, which
+        # at worst sends it twice (the consumer audit's business) instead of losing it.
+        if ctx.transaction is not None or ctx.settings.id_cache_size == 0:
+            return
+        if (key := self._cache_key(message)) is not None:
+            self._settled(*key)
+            self._release(ctx.store, key[0], [key[1]])
+
+    def _release(self, store: Store, cache: str, digests: list[bytes]) -> None:
+        try:
+            store.ring_release(cache, digests)
+        except StoreError as exc:
+            log.warning("Could not release %d reserved id(s) of %s after a failed send (%s); "
+                        "a retry is refused as in flight until pending-timeout-ms passes",
+                        len(digests), cache, exc)
 
     def _duplicate(self, message: Message, cache: str, duplicate_id: str) -> Verdict:
         log.warning("Duplicate message detected - message will not be routed: address=%s "
@@ -152,9 +282,12 @@ class DuplicateDetectionPlugin:
                    capacity: int) -> Verdict | None:
         if (refusal := self._too_long(duplicate_id)) is not None:
             return refusal
-        (duplicate,) = ctx.store.ring_check_and_add(cache, [id_digest(duplicate_id)], capacity)
-        if not duplicate:
+        (outcome,) = self._reserve(ctx.store, cache, [id_digest(duplicate_id)], capacity,
+                                   sender=ctx.sender)
+        if outcome is RingOutcome.NEW:
             return None
+        if outcome is RingOutcome.IN_FLIGHT:
+            return self._in_flight(cache, duplicate_id)
         if ctx.transaction is not None:
             reason = f"duplicate id {duplicate_id!r} already in the cache of {cache}"
             return Verdict.reject(f"{TX_ERROR_CODE}: {reason}", event=DUPLICATE_EVENT)
@@ -169,8 +302,14 @@ class DuplicateDetectionPlugin:
         with self._lock:
             staged = self._staged.setdefault(ctx.transaction, _StagedTransaction())
             in_tx = digest in staged.duplicate_ids
-        in_cache = not in_tx and ctx.store.ring_contains(message.address, [digest])[0]
-        if in_tx or in_cache:
+        found = RingOutcome.NEW
+        if not in_tx:
+            # What this guard sent and the broker confirmed counts as confirmed here.
+            self._confirm_owed(ctx.store, message.address)
+            found = ctx.store.ring_lookup(message.address, [digest], self.pending_ms)[0]
+        if found is RingOutcome.IN_FLIGHT:
+            return self._in_flight(message.address, duplicate_id)
+        if in_tx or found is RingOutcome.DUPLICATE:
             where = "this transaction" if in_tx else f"the cache of {message.address}"
             log.warning("Duplicate message detected in transaction %s - transaction is "
                         "rollback-only: address=%s duplicate_id=%r", ctx.transaction,
@@ -193,18 +332,133 @@ class DuplicateDetectionPlugin:
         # committed the same id since it was staged. (Addresses in different
         # Redis Cluster slots cannot share one script; see docs/duplicate-detection.md.)
         for address, digests in staged.ids.items():
-            flags = ctx.store.ring_add_all_or_none(address, digests, staged.capacity[address])
-            if any(flags):
-                first = next(d for d, dup in zip(digests, flags, strict=True) if dup)
+            found = self._reserve(ctx.store, address, digests, staged.capacity[address],
+                                  all_or_none=True)
+            refused = [(d, o) for d, o in zip(digests, found, strict=True)
+                       if o is not RingOutcome.NEW]
+            if refused:
+                first, outcome = refused[0]
                 duplicate_id = staged.duplicate_ids.get(first, "?")
+                if outcome is RingOutcome.IN_FLIGHT:
+                    return self._in_flight(address, duplicate_id)
                 ctx.events.emit(DUPLICATE_EVENT, None, address=address,
                                 duplicate_id=duplicate_id, transaction=transaction,
                                 reason="committed concurrently by another producer")
                 return Verdict.reject(f"{TX_ERROR_CODE}: duplicate id {duplicate_id!r} was "
                                       f"committed to {address} by another producer")
+            with self._lock:
+                staged.reserved.append(address)
         return None
 
     @hookimpl
-    def transaction_ended(self, transaction: str) -> None:
+    def transaction_ended(self, transaction: str, committed: bool, ctx: HookContext) -> None:
         with self._lock:
-            self._staged.pop(transaction, None)
+            staged = self._staged.pop(transaction, None)
+        if staged is None:
+            return
+        for address in staged.reserved:
+            if committed:
+                for digest in staged.ids[address]:
+                    self._confirmations.owe(ctx.store, address, digest)
+            else:
+                self._release(ctx.store, address, staged.ids[address])
+
+
+class _Confirmations:
+    """Confirmations owed to the store, per cache, sent in as few calls as possible.
+
+    A confirmation rides on the next reservation of its cache when one comes soon (no
+    extra round trip for a steady sender); otherwise a background thread, started on the
+    first confirmation, sends it ``flush_s`` after it was owed. Until then a second send of
+    the id is refused as in flight rather than dropped as a duplicate, which is why the
+    delay is short. ``stop`` (the guard stopping) flushes what is left.
+    """
+
+    #: Pause before retrying a flush that failed (the store unreachable).
+    RETRY_S = 1.0
+
+    def __init__(self, flush_ms: int) -> None:
+        self.flush_s = flush_ms / 1000
+        self._owed: dict[str, list[bytes]] = {}
+        self._count = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._store: Store | None = None
+        self._thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopping.set()
+            self._wake.set()
+            thread.join(timeout=10)
+            self._stopping.clear()
+        self._flush()
+
+    def owe(self, store: Store, cache: str, digest: bytes) -> None:
+        with self._lock:
+            self._store = store
+            self._owed.setdefault(cache, []).append(digest)
+            self._count += 1
+            if self._count > MAX_OWED_CONFIRMATIONS:
+                self._drop_oldest()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="mqguard-dedup-confirm")
+                self._thread.start()
+        self._wake.set()
+
+    def take(self, cache: str) -> list[bytes]:
+        with self._lock:
+            owed = self._owed.pop(cache, None)
+            if owed is None:
+                return []
+            self._count -= len(owed)
+            return owed
+
+    def give_back(self, cache: str, digests: Sequence[bytes]) -> None:
+        if not digests:
+            return
+        with self._lock:
+            self._owed.setdefault(cache, [])[:0] = digests
+            self._count += len(digests)
+
+    def _drop_oldest(self) -> None:
+        cache = next(iter(self._owed))
+        dropped = self._owed.pop(cache)
+        self._count -= len(dropped)
+        log.warning("Dropped %d duplicate-id confirmations of %s: the store has been "
+                    "unreachable too long (their ids are taken over after pending-timeout-ms)",
+                    len(dropped), cache)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            # Give the next reservation of the cache the chance to carry the confirmations.
+            if self._stopping.wait(self.flush_s):
+                return
+            if not self._flush():
+                self._wake.set()
+                self._stopping.wait(self.RETRY_S)
+
+    def _flush(self) -> bool:
+        """Send every owed confirmation; False when some could not be sent (kept for later)."""
+        with self._lock:
+            owed, self._owed, self._count = self._owed, {}, 0
+            store = self._store
+        if store is None or not owed:
+            return True
+        ok = True
+        for cache, digests in owed.items():
+            try:
+                store.ring_confirm(cache, digests)
+            except StoreError as exc:
+                if ok:
+                    log.warning("Could not confirm %d duplicate id(s) of %s (%s); retrying",
+                                len(digests), cache, exc)
+                ok = False
+                self.give_back(cache, digests)
+        return ok

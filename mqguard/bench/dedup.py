@@ -4,6 +4,8 @@ Figures (all from one run against one Redis):
 
 * ``batched_ids_per_s``: check-and-add through :class:`RedisStore`, ``batch``
   ids per script call, from one Python process.
+* ``reserve_ids_per_s``: what the plugin does per batch since ids are two-phase: reserve
+  ``batch`` ids in one script call that also confirms the previous batch's ids.
 * ``pipelined_ids_per_s``: the naive alternative for context — one script call
   per id, redis-py pipelines of 100.
 * ``redis_benchmark_per_s``: ``redis-benchmark`` calling the store's own
@@ -13,7 +15,8 @@ Figures (all from one run against one Redis):
 * ``bytes_per_id``: growth of Redis ``used_memory`` per cached id after adding
   1,000,000 ids (36-character UUID strings) to one ring (goal <= 64).
 * ``memory_store_ops_per_s``: MemoryStore check-and-add, batched like the Redis
-  figure (goal >= 1,000,000); ``memory_store_single_ops_per_s`` one id per call.
+  figure (goal >= 1,000,000); ``memory_store_single_ops_per_s`` one id per call;
+  ``memory_store_reserve_ops_per_s`` reserve-and-confirm, batched.
 * ``digest_per_s``: BLAKE2b-64 digests of UUID strings (paid once per send).
 """
 
@@ -39,6 +42,19 @@ def batched_rate(store: RedisStore, ids: list[bytes], batch: int, capacity: int)
     started = time.perf_counter()
     for start in range(0, len(ids), batch):
         store.ring_check_and_add("bench.batched", ids[start:start + batch], capacity)
+    return len(ids) / (time.perf_counter() - started)
+
+
+def reserve_rate(store: RedisStore | MemoryStore, ids: list[bytes], batch: int,
+                 capacity: int) -> float:
+    """Reservations of ``batch`` ids per call, each call confirming the previous batch."""
+    previous: list[bytes] = []
+    started = time.perf_counter()
+    for start in range(0, len(ids), batch):
+        chunk = ids[start:start + batch]
+        store.ring_reserve("bench.reserve", chunk, capacity, 10_000, confirm=previous)
+        previous = chunk
+    store.ring_confirm("bench.reserve", previous)
     return len(ids) / (time.perf_counter() - started)
 
 
@@ -116,21 +132,26 @@ def run(url: str, *, ids: int, batch: int, capacity: int, memory_ids: int) -> di
         store.flush_namespace()
         digests = _digests(ids)
         batched = batched_rate(store, digests, batch, capacity)
+        reserved = reserve_rate(store, digests, batch, capacity)
         pipelined = pipelined_rate(store, digests, capacity)
         benchmark = redis_benchmark_rate(store, url, ids, capacity)
         per_id = bytes_per_id(store, memory_ids)
     finally:
         store.flush_namespace()
         store.close()
-    memory_batched, memory_single = memory_store_rates(_digests(1_000_000), batch, capacity)
+    memory_digests = _digests(1_000_000)
+    memory_batched, memory_single = memory_store_rates(memory_digests, batch, capacity)
+    memory_reserve = reserve_rate(MemoryStore(), memory_digests, batch, capacity)
     return {
         "batched_ids_per_s": batched,
+        "reserve_ids_per_s": reserved,
         "pipelined_ids_per_s": pipelined,
         "redis_benchmark_per_s": benchmark,
         "ratio": batched / benchmark,
         "bytes_per_id": per_id,
         "memory_store_ops_per_s": memory_batched,
         "memory_store_single_ops_per_s": memory_single,
+        "memory_store_reserve_ops_per_s": memory_reserve,
         "digest_per_s": digest_rate(200_000),
         "goals": {"ratio": 1.0, "bytes_per_id": 64, "memory_store_ops_per_s": 1_000_000},
     }

@@ -551,6 +551,7 @@ class ProxySession:
         message = self._message_of_send(frame, destination)
         ctx = self.guard.context(message.address, self.leg.capabilities, role="sidecar",
                                  transaction=tx_id, broker=self.broker)
+        ctx.sender = self._producer_id  # one connection: its receipts come back in order
         started = time.perf_counter()
         verdict = self.guard.decide_send(message, ctx)
         self.metrics.send_guard.observe(time.perf_counter() - started)
@@ -577,6 +578,8 @@ class ProxySession:
             headers = send_headers(message, self.broker, persistent=False,
                                    native_expiry=self.sidecar.config.native_expiry)
         except AdapterError as exc:
+            if transaction is None:
+                self.guard.send_failed(message, ctx, exc)  # frees a reserved duplicate id
             self._fail(str(exc)[:200], receipt=receipt)
         out = Frame("SEND", [("destination", destination)], frame.body)
         out.headers.extend(headers.items())

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from mqguard.stores.base import RingStats, ScheduledItem, Store
+from mqguard.stores.base import RingOutcome, RingStats, ScheduledItem, Store
 from mqguard.stores.memory import MemoryStore
 
-__all__ = ["MemoryStore", "RingStats", "ScheduledItem", "Store", "open_store"]
+__all__ = ["MemoryStore", "RingOutcome", "RingStats", "ScheduledItem", "Store", "open_store"]
 
 
 def open_store(url: str) -> Store:

@@ -12,7 +12,7 @@ Names (``cache``, ``queue``, ``scope``) are opaque strings chosen by the plugins
 an address or queue name. Every key of one name lives in one Redis Cluster hash slot.
 
 Failure semantics: a :class:`~mqguard.errors.StoreError` from a call that changes
-state (``ring_check_and_add``, ``ring_add_all_or_none``, ``delivery_count_incr``,
+state (``ring_check_and_add``, ``ring_add_all_or_none``, ``ring_reserve``, ``delivery_count_incr``,
 ``schedule_claim_due``) means the change may or may not have been applied; callers
 must treat the outcome as unknown (the pipeline leaves the message unacknowledged,
 so the broker redelivers it). ``audit_mark`` and ``audit_forget`` are idempotent, so
@@ -24,6 +24,7 @@ starts that window afresh.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
@@ -40,6 +41,25 @@ class RingStats:
     name: str
     capacity: int
     count: int
+
+
+class RingOutcome(enum.IntEnum):
+    """What :meth:`Store.ring_reserve` (or :meth:`Store.ring_lookup`) found for one id."""
+
+    #: Not held, or held by a reservation older than ``pending_ms`` (its sender is
+    #: presumed dead): ``ring_reserve`` reserved it for the caller.
+    NEW = 0
+    #: Held and confirmed, or earlier in the same call: a duplicate.
+    DUPLICATE = 1
+    #: Reserved by a send that is not confirmed yet (younger than ``pending_ms``): the
+    #: outcome of that send is unknown, so this one can be neither accepted nor dropped.
+    IN_FLIGHT = 2
+
+
+def check_pending_ms(pending_ms: int) -> None:
+    """ValueError unless ``pending_ms`` >= 1 (reservations, all stores)."""
+    if pending_ms < 1:
+        raise ValueError(f"ring pending_ms must be >= 1, got {pending_ms}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +117,42 @@ class Store(Protocol):
         ...
 
     def ring_contains(self, name: str, ids: Sequence[bytes]) -> list[bool]:
-        """Membership of each id, without changing anything."""
+        """Membership of each id (reserved or confirmed), without changing anything."""
+        ...
+
+    # Two-phase use (the duplicate_detection plugin): an id is *reserved* when its send is
+    # decided and *confirmed* once the broker has the message, or *released* when the send
+    # failed, so that a retry of a send that never reached the broker is not taken for a
+    # duplicate (Artemis deletes the id from the cache when the storing transaction rolls
+    # back: DuplicateIDCacheImpl.deleteFromCache). A reservation older than ``pending_ms``
+    # belongs to a sender presumed dead and may be taken over. Reservation times are
+    # measured on one clock per store (Redis: the server's ``TIME``).
+
+    def ring_reserve(self, name: str, ids: Sequence[bytes], capacity: int, pending_ms: int, *,
+                     confirm: Sequence[bytes] = (), all_or_none: bool = False
+                     ) -> list[RingOutcome]:
+        """Atomically: first confirm the ids of ``confirm`` (as :meth:`ring_confirm`: a
+        caller piggybacks the confirmations it owes on its next reservation), then, for each
+        id of ``ids`` in order, reserve it when it is NEW (taking a slot, as
+        :meth:`ring_check_and_add` adds) and report what was found. With ``all_or_none``
+        nothing is reserved unless every id is NEW (a transaction's ids at COMMIT).
+        ``pending_ms`` < 1 raises ValueError before anything changes."""
+        ...
+
+    def ring_confirm(self, name: str, ids: Sequence[bytes]) -> None:
+        """Turn reservations into confirmed entries. Ids not reserved (confirmed already,
+        released, evicted, unknown) are left alone, so a retry is safe."""
+        ...
+
+    def ring_release(self, name: str, ids: Sequence[bytes]) -> int:
+        """Delete reserved (not confirmed) ids from the ring, freeing their slots; returns how
+        many were deleted. Confirmed and unknown ids are left alone; idempotent."""
+        ...
+
+    def ring_lookup(self, name: str, ids: Sequence[bytes], pending_ms: int
+                    ) -> list[RingOutcome]:
+        """What :meth:`ring_reserve` would find for each id (duplicates within ``ids`` not
+        counted), without changing anything."""
         ...
 
     def ring_ids(self, name: str) -> list[bytes]:

@@ -16,10 +16,12 @@ from typing import Final
 
 from mqguard.sequence_window import SequenceWindow
 from mqguard.stores.base import (
+    RingOutcome,
     RingStats,
     ScheduledItem,
     check_audit_mark,
     check_audit_sequences,
+    check_pending_ms,
     check_presence_ttl,
 )
 
@@ -30,31 +32,42 @@ MAX_AUDIT_WINDOWS: Final = 100_000
 
 
 class _Ring:
-    """Fixed-capacity circular id cache: a slot list plus a membership dict."""
+    """Fixed-capacity FIFO id cache: an insertion-ordered membership dict.
 
-    __slots__ = ("members", "pos", "slots")
+    ``pending`` maps reserved (unconfirmed) ids to their reservation time (monotonic
+    seconds). A released id leaves the FIFO, freeing its place, as in RedisStore.
+    """
+
+    __slots__ = ("capacity", "members", "pending")
 
     def __init__(self, capacity: int) -> None:
-        self.slots: list[bytes | None] = [None] * capacity
-        # dict (not set) maps id -> slot, so an overwrite can check it owns the id.
-        self.members: dict[bytes, int] = {}
-        self.pos = 0
-
-    @property
-    def capacity(self) -> int:
-        return len(self.slots)
+        self.capacity = capacity
+        # OrderedDict (not dict) because evicting the oldest entry must stay O(1).
+        self.members: OrderedDict[bytes, None] = OrderedDict()
+        self.pending: dict[bytes, float] = {}
 
     def add(self, item: bytes) -> None:
-        old = self.slots[self.pos]
-        if old is not None:
-            del self.members[old]
-        self.slots[self.pos] = item
-        self.members[item] = self.pos
-        self.pos = (self.pos + 1) % len(self.slots)
+        members = self.members
+        if len(members) >= self.capacity:
+            old, _ = members.popitem(last=False)
+            if self.pending:
+                self.pending.pop(old, None)
+        members[item] = None
+
+    def remove(self, item: bytes) -> None:
+        del self.members[item]
+        self.pending.pop(item, None)
+
+    def outcome(self, item: bytes, now: float, pending_s: float) -> RingOutcome:
+        if item not in self.members:
+            return RingOutcome.NEW
+        since = self.pending.get(item)
+        if since is None:
+            return RingOutcome.DUPLICATE
+        return RingOutcome.NEW if now - since >= pending_s else RingOutcome.IN_FLIGHT
 
     def ordered(self) -> list[bytes]:
-        tail = self.slots[self.pos:] + self.slots[: self.pos]
-        return [item for item in tail if item is not None]
+        return list(self.members)
 
     def resized(self, capacity: int) -> tuple[_Ring, int]:
         items = self.ordered()
@@ -62,6 +75,8 @@ class _Ring:
         ring = _Ring(capacity)
         for item in keep:
             ring.add(item)
+            if item in self.pending:
+                ring.pending[item] = self.pending[item]
         return ring, len(items) - len(keep)
 
 
@@ -133,6 +148,64 @@ class MemoryStore:
                 for item in ids:
                     ring.add(item)
             return flags
+
+    def ring_reserve(self, name: str, ids: Sequence[bytes], capacity: int, pending_ms: int, *,
+                     confirm: Sequence[bytes] = (), all_or_none: bool = False
+                     ) -> list[RingOutcome]:
+        check_pending_ms(pending_ms)
+        now, pending_s = time.monotonic(), pending_ms / 1000
+        with self._lock:
+            ring = self._ring(name, capacity)
+            pending = ring.pending
+            for item in confirm:
+                pending.pop(item, None)
+            seen: set[bytes] = set()
+            out: list[RingOutcome] = []
+            for item in ids:
+                out.append(RingOutcome.DUPLICATE if item in seen
+                           else ring.outcome(item, now, pending_s))
+                seen.add(item)
+                if not all_or_none and out[-1] is RingOutcome.NEW:
+                    self._reserve(ring, item, now)
+            if all_or_none and all(o is RingOutcome.NEW for o in out):
+                for item in ids:
+                    self._reserve(ring, item, now)
+            return out
+
+    @staticmethod
+    def _reserve(ring: _Ring, item: bytes, now: float) -> None:
+        if item not in ring.members:  # else a stale reservation, taken over in place
+            ring.add(item)
+        ring.pending[item] = now
+
+    def ring_confirm(self, name: str, ids: Sequence[bytes]) -> None:
+        with self._lock:
+            ring = self._rings.get(name)
+            if ring is not None:
+                for item in ids:
+                    ring.pending.pop(item, None)
+
+    def ring_release(self, name: str, ids: Sequence[bytes]) -> int:
+        with self._lock:
+            ring = self._rings.get(name)
+            if ring is None:
+                return 0
+            released = 0
+            for item in ids:
+                if item in ring.pending:
+                    ring.remove(item)
+                    released += 1
+            return released
+
+    def ring_lookup(self, name: str, ids: Sequence[bytes], pending_ms: int
+                    ) -> list[RingOutcome]:
+        check_pending_ms(pending_ms)
+        now, pending_s = time.monotonic(), pending_ms / 1000
+        with self._lock:
+            ring = self._rings.get(name)
+            if ring is None:
+                return [RingOutcome.NEW] * len(ids)
+            return [ring.outcome(item, now, pending_s) for item in ids]
 
     def ring_contains(self, name: str, ids: Sequence[bytes]) -> list[bool]:
         with self._lock:

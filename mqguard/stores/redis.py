@@ -117,10 +117,12 @@ from redis.retry import Retry
 
 from mqguard.errors import StoreError
 from mqguard.stores.base import (
+    RingOutcome,
     RingStats,
     ScheduledItem,
     check_audit_mark,
     check_audit_sequences,
+    check_pending_ms,
     check_presence_ttl,
 )
 
@@ -280,11 +282,40 @@ local function ensure(cap)
   return want, deleted
 end
 
+-- Reservations: a shard field holds '1' for a confirmed id, or the reservation time in ms
+-- (the server's clock) for an id whose send is not confirmed yet.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- '0' new, '1' duplicate (confirmed), '2' in flight; for a value v found in a shard.
+local function outcome(v, now, pending)
+  if not v then return '0' end
+  if v == '1' then return '1' end
+  if now - tonumber(v) >= pending then return '0' end
+  return '2'
+end
+
+-- Confirm the reserved ids of ARGV[first..last].
+local function confirm(first, last, n)
+  for i = first, last do
+    local s = shard(ARGV[i], n)
+    local v = redis.call('HGET', s, ARGV[i])
+    if v and v ~= '1' then
+      redis.call('HSET', s, ARGV[i], 1)
+    end
+  end
+end
+
 -- For each id of ARGV[first..], in order: flag it '1' when a member, else add it ('0'),
 -- evicting the oldest id when the ring is full. Returns the flags as one string.
-local function add_batch(first, cap, n)
+-- With reserve = {now, pending} the ids are added as reservations; a confirmed member is
+-- '1', a reservation younger than pending ms '2', an older one is taken over ('0').
+local function add_batch(first, cap, n, reserve)
   local count = redis.call('LLEN', fifo)
   local nids = #ARGV - first + 1
+  local value = reserve and reserve[1] or 1
   -- Every id added beyond the free slots evicts one: fetch the ones that can be evicted from
   -- the list up front (one LRANGE instead of an LPOP per id). Once they are exhausted, the
   -- victims are the ids this very batch added, oldest first.
@@ -292,10 +323,11 @@ local function add_batch(first, cap, n)
   if count > 0 and nids > cap - count then
     old = redis.call('LRANGE', fifo, 0, nids - (cap - count) - 1)
   end
-  local added, flags, evicted = {}, {}, 0
+  local added, flags, evicted, mine = {}, {}, 0, {}
   for i = first, #ARGV do
     local id = ARGV[i]
-    if redis.call('HSETNX', shard(id, n), id, 1) == 1 then
+    local s = shard(id, n)
+    if redis.call('HSETNX', s, id, value) == 1 then
       if count < cap then
         count = count + 1
       else
@@ -304,9 +336,17 @@ local function add_batch(first, cap, n)
         redis.call('HDEL', shard(victim, n), victim)
       end
       added[#added + 1] = id
+      mine[id] = true
       flags[#flags + 1] = '0'
-    else
+    elseif not reserve or mine[id] then
       flags[#flags + 1] = '1'
+    else
+      local f = outcome(redis.call('HGET', s, id), reserve[1], reserve[2])
+      if f == '0' then
+        redis.call('HSET', s, id, value)  -- a stale reservation: taken over in place
+        mine[id] = true
+      end
+      flags[#flags + 1] = f
     end
   end
   local from_old = math.min(evicted, #old)
@@ -344,6 +384,72 @@ if dup then
   return table.concat(flags)
 end
 return add_batch(2, cap, n)
+"""
+
+# ARGV: capacity, pending ms, all-or-none (0/1), number of ids to confirm, those ids, ids...
+_RESERVE: Final = _RING_PRELUDE + """
+local cap, pending = tonumber(ARGV[1]), tonumber(ARGV[2])
+local nconfirm = tonumber(ARGV[4])
+local first = 5 + nconfirm
+local n = ensure(cap)
+confirm(5, first - 1, n)
+local now = now_ms()
+if ARGV[3] == '1' then
+  local seen, flags, ok = {}, {}, true
+  for i = first, #ARGV do
+    local id = ARGV[i]
+    local f = seen[id] and '1' or outcome(redis.call('HGET', shard(id, n), id), now, pending)
+    seen[id] = true
+    flags[#flags + 1] = f
+    ok = ok and f == '0'
+  end
+  if not ok then
+    return table.concat(flags)
+  end
+end
+return add_batch(first, cap, n, {now, pending})
+"""
+
+# ARGV: id...
+_CONFIRM: Final = _RING_PRELUDE + """
+local n = redis.call('HGET', meta, 'shards')
+if n then
+  confirm(1, #ARGV, tonumber(n))
+end
+return 0
+"""
+
+# ARGV: id...
+_RELEASE: Final = _RING_PRELUDE + """
+local n = redis.call('HGET', meta, 'shards')
+if not n then
+  return 0
+end
+n = tonumber(n)
+local released = 0
+for i = 1, #ARGV do
+  local s = shard(ARGV[i], n)
+  local v = redis.call('HGET', s, ARGV[i])
+  if v and v ~= '1' then
+    redis.call('HDEL', s, ARGV[i])
+    -- The newest ids are at the tail, and a released id is usually among them.
+    redis.call('LREM', fifo, -1, ARGV[i])
+    released = released + 1
+  end
+end
+return released
+"""
+
+# ARGV: pending ms, id...
+_LOOKUP: Final = _RING_PRELUDE + """
+local n = redis.call('HGET', meta, 'shards')
+local now, pending = now_ms(), tonumber(ARGV[1])
+local flags = {}
+for i = 2, #ARGV do
+  local v = n and redis.call('HGET', shard(ARGV[i], tonumber(n)), ARGV[i])
+  flags[#flags + 1] = outcome(v or nil, now, pending)
+end
+return table.concat(flags)
 """
 
 # ARGV: id...
@@ -673,6 +779,14 @@ def _retryable(exc: BaseException, idempotent: bool) -> bool:
     return False
 
 
+_OUTCOMES: Final = {ord("0"): RingOutcome.NEW, ord("1"): RingOutcome.DUPLICATE,
+                   ord("2"): RingOutcome.IN_FLIGHT}
+
+
+def _outcomes(reply: bytes) -> list[RingOutcome]:
+    return [_OUTCOMES[flag] for flag in reply]
+
+
 def _flags(reply: bytes) -> list[bool]:
     return [char == 0x31 for char in reply]  # b"1"
 
@@ -728,6 +842,10 @@ class RedisStore:
         self._s_check_and_add: Script = register(_CHECK_AND_ADD)
         self._s_add_all_or_none: Script = register(_ADD_ALL_OR_NONE)
         self._s_contains: Script = register(_CONTAINS)
+        self._s_reserve: Script = register(_RESERVE)
+        self._s_confirm: Script = register(_CONFIRM)
+        self._s_release: Script = register(_RELEASE)
+        self._s_lookup: Script = register(_LOOKUP)
         self._s_stats: Script = register(_STATS)
         self._s_resize: Script = register(_RESIZE)
         self._s_clear: Script = register(_CLEAR)
@@ -845,6 +963,42 @@ class RedisStore:
                            lambda: self._s_add_all_or_none(keys=keys, args=args),
                            idempotent=False)
         return _flags(reply)
+
+    def ring_reserve(self, name: str, ids: Sequence[bytes], capacity: int, pending_ms: int, *,
+                     confirm: Sequence[bytes] = (), all_or_none: bool = False
+                     ) -> list[RingOutcome]:
+        _check_capacity(capacity)
+        check_pending_ms(pending_ms)
+        keys = self._ring_keys(name)
+        args: list[bytes | int] = [capacity, pending_ms, int(all_or_none), len(confirm),
+                                   *confirm, *ids]
+        reply = self._call("ring_reserve", lambda: self._s_reserve(keys=keys, args=args),
+                           idempotent=False)
+        return _outcomes(reply)
+
+    def ring_confirm(self, name: str, ids: Sequence[bytes]) -> None:
+        if ids:
+            keys, args = self._ring_keys(name), list(ids)
+            self._call("ring_confirm", lambda: self._s_confirm(keys=keys, args=args),
+                       idempotent=True)
+
+    def ring_release(self, name: str, ids: Sequence[bytes]) -> int:
+        if not ids:
+            return 0
+        keys, args = self._ring_keys(name), list(ids)
+        # Idempotent in effect (a rerun releases nothing more); only the count could be lost.
+        return int(self._call("ring_release", lambda: self._s_release(keys=keys, args=args),
+                              idempotent=True))
+
+    def ring_lookup(self, name: str, ids: Sequence[bytes], pending_ms: int
+                    ) -> list[RingOutcome]:
+        check_pending_ms(pending_ms)
+        if not ids:
+            return []
+        keys, args = self._ring_keys(name), [pending_ms, *ids]
+        reply = self._call("ring_lookup", lambda: self._s_lookup(keys=keys, args=args),
+                           idempotent=True)
+        return _outcomes(reply)
 
     def ring_contains(self, name: str, ids: Sequence[bytes]) -> list[bool]:
         if not ids:

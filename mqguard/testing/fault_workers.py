@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mqguard.demo.plan import INDEX_HEADER, POISON_HEADER, DemoPlan, Kind, Planned
+from mqguard.message import PRODUCER_ID_HEADER, SEQUENCE_HEADER, Message
 
 log = logging.getLogger("mqguard.testing.fault_workers")
 
@@ -48,6 +49,8 @@ log = logging.getLogger("mqguard.testing.fault_workers")
 WINDOW = 100
 #: Seconds a worker keeps retrying a connection before it exits (and is restarted).
 CONNECT_BUDGET = 30.0
+#: ``[plugins.duplicate_detection] pending-timeout-ms`` of every guard of the run.
+PENDING_TIMEOUT_MS = 3000
 #: Exit codes.
 DONE, RETRY = 0, 3
 
@@ -114,7 +117,10 @@ def guard_config(spec: WorkerSpec, node: str) -> dict[str, Any]:
             "redelivery-delay": 50,
             "auto-create-dead-letter-resources": True,
             "auto-create-expiry-resources": True}},
-        "plugins": {"consumer_audit": {"shared": True}},
+        "plugins": {"consumer_audit": {"shared": True},
+                    # A killed sender's unconfirmed ids are taken over after 3 s (not 10):
+                    # its restarted self retries them sooner.
+                    "duplicate_detection": {"pending-timeout-ms": PENDING_TIMEOUT_MS}},
     }
 
 
@@ -129,7 +135,8 @@ def sidecar_toml(spec: WorkerSpec, node: str) -> str:
         f"max-delivery-attempts = {spec.max_delivery_attempts}",
         "redelivery-delay = 50", "auto-create-dead-letter-resources = true",
         "auto-create-expiry-resources = true",
-        "[plugins.consumer_audit]", "shared = true", ""])
+        "[plugins.consumer_audit]", "shared = true",
+        "[plugins.duplicate_detection]", f"pending-timeout-ms = {PENDING_TIMEOUT_MS}", ""])
 
 
 # -- progress --------------------------------------------------------------------------------
@@ -186,6 +193,15 @@ def _headers(item: Planned) -> dict[str, str]:
     return headers
 
 
+def stable_producer_id(spec: WorkerSpec, leg: str) -> str:
+    """The producer id of every incarnation of a leg's producer; with the plan index as the
+    sequence number, a message re-sent after a restart carries the (producer id, sequence)
+    of its first copy. The consumer audit then hands at most one copy to the handler when a
+    killed incarnation's send reached the broker unconfirmed and the retry went out too
+    (docs/duplicate-detection.md, "Two-phase ids")."""
+    return f"faults-{leg}-{spec.address(leg)}"
+
+
 def produce_wrapped(spec: WorkerSpec, node: str) -> int:
     from mqguard.config import parse_config
     from mqguard.pipeline import Guard
@@ -197,14 +213,15 @@ def produce_wrapped(spec: WorkerSpec, node: str) -> int:
     done = read_progress(progress)
     address = spec.address("wrapped")
     with Guard(parse_config(guard_config(spec, node)), role="app") as guard, \
-            GuardedProducer(open_adapter(spec.broker_url, reconnect_attempts=0), guard) \
-            as producer:
+            GuardedProducer(open_adapter(spec.broker_url, reconnect_attempts=0), guard,
+                            producer_id=stable_producer_id(spec, "wrapped")) as producer:
         while done < len(frames):
             window = frames[done:done + WINDOW]
-            batch = [producer.message(
-                address, f"wrapped {item.index}", headers=_headers(item),
-                duplicate_id=item.duplicate_id,
-                expiration=spec.short_expiration if item.kind is Kind.SHORT_LIVED else None)
+            batch = [Message(
+                address=address, body=f"wrapped {item.index}".encode(),
+                headers=_headers(item), duplicate_id=item.duplicate_id,
+                expiration=spec.short_expiration if item.kind is Kind.SHORT_LIVED else 0,
+                producer_id=producer.producer_id, sequence=item.index + 1)
                 for item in window]
             producer.send_batch(batch)
             done += len(window)
@@ -228,7 +245,9 @@ def produce_sidecar(spec: WorkerSpec, node: str) -> int:
                 inbox.receipts.clear()
             for offset, item in enumerate(window):
                 headers = {**_headers(item), "_AMQ_DUPL_ID": item.duplicate_id,
-                           "persistent": "true"}
+                           "persistent": "true",
+                           PRODUCER_ID_HEADER: stable_producer_id(spec, "sidecar"),
+                           SEQUENCE_HEADER: str(item.index + 1)}
                 if item.kind is Kind.SHORT_LIVED:
                     headers["expires"] = str(spec.short_expiration)
                 conn.send(f"/queue/{address}", f"sidecar {item.index}", headers=headers,
@@ -259,7 +278,6 @@ def produce_sidecar(spec: WorkerSpec, node: str) -> int:
 def consume_wrapped(spec: WorkerSpec, node: str) -> int:
     from mqguard.config import parse_config
     from mqguard.consumer import GuardedConsumer
-    from mqguard.message import Message
     from mqguard.pipeline import Guard
     from mqguard.registry import open_adapter
 

@@ -25,9 +25,8 @@ from mqguard.audit.cross_checks import CROSS_CLASSES, CrossInputs
 from mqguard.audit.runner import AuditOptions, run_audit
 from mqguard.config import parse_config
 from mqguard.demo.plan import Kind
-from mqguard.events import read_events
 from mqguard.message import now_ms
-from mqguard.testing.chaos import COMPONENTS, LEGS, ChaosResult, ChaosRun, ChaosSettings
+from mqguard.testing.chaos import COMPONENTS, LEGS, ChaosRun, ChaosSettings
 from mqguard.testing.fault_workers import WINDOW, guard_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.activemq, pytest.mark.redis, pytest.mark.spark]
@@ -40,23 +39,6 @@ CROSS_ANOMALIES = frozenset(c.name for c in CROSS_CLASSES if c.anomaly)
 IN_FLIGHT_CLASSES = frozenset({"unexpected", "ring_mismatch", "rejected_without_twin"})
 #: The processes between a leg's broker queue and its handler (where a delivery is settled).
 CONSUMER_PATH = {"wrapped": ("consumer-wrapped",), "sidecar": ("consumer-sidecar", "sidecar")}
-
-
-def lost_to_cached_duplicate_ids(result: ChaosResult, leg: str, missing: set[int],
-                                 events: list[dict[str, Any]]) -> set[int]:
-    """Missing messages explained by the known duplicate-detection gap (docs/faults.md): the
-    duplicate id went into the cache before the broker had the message, the send then failed
-    (``send_failed``: the broker or its connection died) or the process caching it died
-    (no event at all), and the producer's retry with the same id was rejected
-    (``duplicate_rejected``); no copy was ever ``sent``."""
-    by_id: dict[str, set[str]] = {}
-    address = result.spec.address(leg)
-    for event in events:
-        if event.get("address") == address and "duplicate_id" in event:
-            by_id.setdefault(event["duplicate_id"], set()).add(event["type"])
-    return {i for i in missing
-            if "duplicate_rejected" in by_id.get(f"{leg}-{i}", set())
-            and not by_id[f"{leg}-{i}"] & {"sent", "delivered"}}
 
 
 def test_nothing_lost_or_handled_twice_under_sigkills(spark: Any, tmp_path: Path) -> None:
@@ -100,8 +82,6 @@ def test_nothing_lost_or_handled_twice_under_sigkills(spark: Any, tmp_path: Path
     others = (ANOMALIES | CROSS_ANOMALIES) - IN_FLIGHT_CLASSES
     assert {name: n for name, n in classes.items() if name in others} == {}, classes
 
-    events = list(read_events(work / "events"))
-    known_gap: dict[str, set[int]] = {}
     for leg in LEGS:
         handled: Counter[int] = result.handled[leg]
         normal = result.planned(leg, Kind.NORMAL)
@@ -125,13 +105,6 @@ def test_nothing_lost_or_handled_twice_under_sigkills(spark: Any, tmp_path: Path
         missing = ({i for i in normal if not handled[i]}
                    | (poison - set(result.dead_letters[leg]))
                    | (short - set(result.expired[leg])))
-        gap = lost_to_cached_duplicate_ids(result, leg, missing, events)
-        known_gap[leg] = gap
-        # Whatever is missing for another reason is a new bug.
-        assert missing - gap == set(), (leg, sorted(missing - gap)[:20])
-    if any(known_gap.values()):
-        # Not an inherent window: Artemis records a duplicate id only with the stored
-        # message. Reported as XFAIL with the figures until duplicate_detection is fixed.
-        pytest.xfail("lost to the duplicate-detection gap of docs/faults.md (id cached before "
-                     "the broker confirmed the send): " + ", ".join(
-                         f"{leg} {len(gap)}" for leg, gap in known_gap.items()))
+        # Nothing missing: a send that failed released its duplicate id, so its retry went
+        # out (docs/duplicate-detection.md, "Two-phase ids").
+        assert missing == set(), (leg, sorted(missing)[:20])

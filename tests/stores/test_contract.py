@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqguard.digest import id_digest
-from mqguard.stores.base import RingStats, ScheduledItem, Store
+from mqguard.stores.base import RingOutcome, RingStats, ScheduledItem, Store
 from mqguard.stores.memory import MemoryStore
 
 STORES = [
@@ -242,6 +242,132 @@ def test_threads_racing_accept_each_id_once(store: Store) -> None:
             flags = store.ring_check_and_add("race", batch, 1000)
             with lock:
                 accepted.extend(item for item, dup in zip(batch, flags, strict=True) if not dup)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(accepted) == sorted(ids)
+
+
+# -- reservations (two-phase duplicate detection) -------------------------------------------------
+
+NEW, DUP, FLIGHT = RingOutcome.NEW, RingOutcome.DUPLICATE, RingOutcome.IN_FLIGHT
+#: Long enough that no reservation in these tests goes stale by accident.
+LONG_MS = 60_000
+
+
+def test_reserve_then_confirm(store: Store) -> None:
+    a, b, c = d("a", "b", "c")
+    assert store.ring_reserve("r", [a, b, a], 10, LONG_MS) == [NEW, NEW, DUP]
+    assert store.ring_ids("r") == [a, b]
+    assert store.ring_contains("r", [a, b, c]) == [True, True, False]
+    # Unconfirmed: another sender of the same id can be neither accepted nor dropped.
+    assert store.ring_reserve("r", [a, c], 10, LONG_MS) == [FLIGHT, NEW]
+    assert store.ring_lookup("r", [a, b, c], LONG_MS) == [FLIGHT, FLIGHT, FLIGHT]
+    store.ring_confirm("r", [a, b])
+    assert store.ring_reserve("r", [a, b], 10, LONG_MS) == [DUP, DUP]
+    assert store.ring_lookup("r", [a, c, d("x")[0]], LONG_MS) == [DUP, FLIGHT, NEW]
+    # Plain check-and-add takes a reservation for a duplicate, as ring_contains does.
+    assert store.ring_check_and_add("r", [c], 10) == [True]
+    assert store.ring_stats("r") == RingStats("r", 10, 3)
+
+
+def test_confirm_piggybacks_on_the_next_reserve(store: Store) -> None:
+    a, b = d("a", "b")
+    assert store.ring_reserve("r", [a], 10, LONG_MS) == [NEW]
+    # The confirmation runs first, so the same call already sees a confirmed duplicate.
+    assert store.ring_reserve("r", [b, a], 10, LONG_MS, confirm=[a]) == [NEW, DUP]
+
+
+def test_release_frees_the_id_and_its_slot(store: Store) -> None:
+    a, b, c, e = d("a", "b", "c", "e")
+    assert store.ring_reserve("r", [a, b], 3, LONG_MS) == [NEW, NEW]
+    store.ring_confirm("r", [a])
+    assert store.ring_release("r", [a, b, c]) == 1  # a is confirmed, c unknown: kept / ignored
+    assert store.ring_release("r", [b]) == 0  # idempotent
+    assert store.ring_ids("r") == [a]
+    assert store.ring_contains("r", [a, b]) == [True, False]
+    # A retry of the failed send is new again; the freed slot means nothing is evicted yet.
+    assert store.ring_reserve("r", [b, c], 3, LONG_MS) == [NEW, NEW]
+    assert store.ring_ids("r") == [a, b, c]
+    assert store.ring_reserve("r", [e], 3, LONG_MS) == [NEW]
+    assert store.ring_ids("r") == [b, c, e]
+    assert store.ring_release("missing", [a]) == 0
+    store.ring_confirm("missing", [a])  # no ring: nothing to do, no error
+    assert store.ring_stats("missing") is None
+
+
+def test_stale_reservation_is_taken_over(store: Store) -> None:
+    a, b = d("a", "b")
+    assert store.ring_reserve("r", [a, b], 10, LONG_MS) == [NEW, NEW]
+    time.sleep(0.25)
+    # b's sender is presumed dead after 200 ms: a new sender takes it over (same slot).
+    assert store.ring_lookup("r", [b], 200) == [NEW]
+    assert store.ring_reserve("r", [b], 10, 200) == [NEW]
+    assert store.ring_ids("r") == [a, b]
+    # The takeover restarted b's clock; a's reservation is still the old one.
+    assert store.ring_reserve("r", [a, b], 10, 200) == [NEW, FLIGHT]
+    store.ring_confirm("r", [b])
+    time.sleep(0.25)
+    assert store.ring_reserve("r", [b], 10, 200) == [DUP]  # confirmed ids never go stale
+
+
+def test_reserve_all_or_none(store: Store) -> None:
+    a, b, c = d("a", "b", "c")
+    assert store.ring_reserve("r", [a], 10, LONG_MS) == [NEW]
+    assert store.ring_reserve("r", [b, a, c], 10, LONG_MS, all_or_none=True) == [NEW, FLIGHT, NEW]
+    assert store.ring_ids("r") == [a]
+    assert store.ring_reserve("r", [b, c, b], 10, LONG_MS, all_or_none=True) == [NEW, NEW, DUP]
+    assert store.ring_ids("r") == [a]
+    assert store.ring_reserve("r", [b, c], 10, LONG_MS, all_or_none=True) == [NEW, NEW]
+    assert store.ring_ids("r") == [a, b, c]
+    store.ring_confirm("r", [a])
+    assert store.ring_reserve("r", [a], 10, LONG_MS, all_or_none=True) == [DUP]
+
+
+def test_reservations_evict_like_adds(store: Store) -> None:
+    ids = d(*range(5))
+    assert store.ring_reserve("r", ids, 3, LONG_MS) == [NEW] * 5
+    assert store.ring_ids("r") == ids[2:]
+    assert store.ring_lookup("r", ids, LONG_MS) == [NEW, NEW, FLIGHT, FLIGHT, FLIGHT]
+    # An evicted reservation is gone: confirming or releasing it changes nothing.
+    store.ring_confirm("r", ids[:1])
+    assert store.ring_release("r", ids[:2]) == 0
+    assert store.ring_ids("r") == ids[2:]
+    # Resizing keeps the newest reservations, still unconfirmed.
+    assert store.ring_resize("r", 2) == 1
+    assert store.ring_lookup("r", ids[3:], LONG_MS) == [FLIGHT, FLIGHT]
+    assert store.ring_release("r", ids[3:]) == 2
+    assert store.ring_ids("r") == []
+
+
+@pytest.mark.parametrize("pending_ms", [0, -1])
+def test_pending_ms_below_one_is_rejected(store: Store, pending_ms: int) -> None:
+    with pytest.raises(ValueError, match="pending_ms"):
+        store.ring_reserve("r", d("a"), 10, pending_ms)
+    with pytest.raises(ValueError, match="pending_ms"):
+        store.ring_lookup("r", d("a"), pending_ms)
+    assert store.ring_stats("r") is None
+
+
+def test_threads_racing_reserve_each_id_once(store: Store) -> None:
+    ids = d(*range(200))
+    accepted: list[bytes] = []
+    lock = threading.Lock()
+    start = threading.Barrier(4)
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        mine = ids[:]
+        rng.shuffle(mine)
+        start.wait()
+        for i in range(0, len(mine), 7):
+            batch = mine[i:i + 7]
+            found = store.ring_reserve("race", batch, 1000, LONG_MS)
+            with lock:
+                accepted.extend(item for item, o in zip(batch, found, strict=True) if o is NEW)
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
     for thread in threads:

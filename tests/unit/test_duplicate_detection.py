@@ -7,18 +7,21 @@ tests/integration/test_duplicate_detection.py.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
 
 from mqguard.config import parse_config
 from mqguard.digest import id_digest
-from mqguard.errors import ConfigError, TransactionRolledBack
+from mqguard.errors import AdapterError, ConfigError, MessageRejected, TransactionRolledBack
 from mqguard.events import read_events
 from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
+from mqguard.stores.base import RingOutcome, Store
 from mqguard.testing.loopback import LoopbackAdapter
+from plugins.duplicate_detection import IN_FLIGHT_CODE
 
 
 def make_guard(tmp_path: Path, **extra: object) -> Guard:
@@ -176,6 +179,7 @@ def test_shrinking_id_cache_size_keeps_newest(tmp_path: Path) -> None:
     for dup in "abcde":
         producer.send("r", b"", duplicate_id=dup)
     store = big.store
+    wait_confirmed(store, "r", "e")
     small_cfg = parse_config({"mqguard": {"event-log": {"enabled": False}},
                               "address-settings": {"r": {"id-cache-size": 2}}})
     small = Guard(small_cfg, store=store)
@@ -187,16 +191,25 @@ def test_shrinking_id_cache_size_keeps_newest(tmp_path: Path) -> None:
     small.close()
 
 
+def wait_confirmed(store: Store, cache: str, duplicate_id: str) -> None:
+    """Until the background flush confirmed the id (within confirm-flush-ms, 20 ms)."""
+    deadline = time.monotonic() + 5
+    while store.ring_lookup(cache, [id_digest(duplicate_id)], 60_000) != [
+            RingOutcome.DUPLICATE]:
+        assert time.monotonic() < deadline, "never confirmed"
+        time.sleep(0.005)
+
+
 def test_batch_checks_every_id_in_one_call(setup) -> None:
     guard, adapter, producer = setup
     calls: list[int] = []
-    check = guard.store.ring_check_and_add
+    check = guard.store.ring_reserve
 
-    def counting(name, ids, capacity):
+    def counting(name, ids, capacity, pending_ms, **kwargs):
         calls.append(len(ids))
-        return check(name, ids, capacity)
+        return check(name, ids, capacity, pending_ms, **kwargs)
 
-    guard.store.ring_check_and_add = counting  # type: ignore[method-assign]
+    guard.store.ring_reserve = counting  # type: ignore[method-assign]
     producer.send("q", b"old", duplicate_id="old")
     batch = [producer.message("q", f"{dup}-{n}".encode(), duplicate_id=dup)
              for n, dup in enumerate(["a", "b", "a", "old", "c"])]
@@ -229,3 +242,81 @@ def test_batch_message_rejected_by_another_plugin_takes_no_slot(setup) -> None:
     # The accepted message before the rejection was sent and cached; the rejected one not.
     assert guard.store.ring_contains("q", [id_digest("x"), id_digest("y")]) == [True, False]
     assert [m.body for m in adapter.loop.drain("q")] == [b"ok"]
+
+
+# -- two-phase ids: reserved at send, confirmed by the broker's confirmation, released on failure
+
+
+def outcome(guard: Guard, cache: str, duplicate_id: str, pending_ms: int = 60_000):
+    return guard.store.ring_lookup(cache, [id_digest(duplicate_id)], pending_ms)[0]
+
+
+def test_failed_send_releases_its_id_so_the_retry_is_not_lost(setup) -> None:
+    guard, adapter, producer = setup
+    adapter.fail_sends = True
+    with pytest.raises(AdapterError):
+        producer.send("q", b"1", duplicate_id="A")
+    with pytest.raises(AdapterError):
+        producer.send_batch([producer.message("q", b"2", duplicate_id=x) for x in "BC"])
+    assert guard.store.ring_ids("q") == []
+    adapter.fail_sends = False
+    assert producer.send("q", b"1", duplicate_id="A").sent  # the retry: not a duplicate
+    assert [r.sent for r in producer.send_batch(
+        [producer.message("q", b"2", duplicate_id=x) for x in "BC"])] == [True, True]
+    assert [m.body for m in adapter.loop.drain("q")] == [b"1", b"2", b"2"]
+
+
+def test_confirmed_after_the_broker_confirmed(setup) -> None:
+    guard, _, producer = setup
+    assert producer.send("q", b"", duplicate_id="A").sent
+    # Confirmed by the background flush, or at the latest when the guard stops.
+    guard.close()
+    assert outcome(guard, "q", "A") is RingOutcome.DUPLICATE
+
+
+def test_next_send_carries_the_confirmation(setup) -> None:
+    guard, _, producer = setup
+    assert producer.send("q", b"", duplicate_id="A").sent
+    # Reserved, not yet confirmed (the flush waits confirm-flush-ms) -- unless the next
+    # reservation of the same cache carried it, which it does:
+    assert not producer.send("q", b"", duplicate_id="A").sent
+
+
+def test_unconfirmed_id_is_refused_as_in_flight_then_taken_over(tmp_path: Path) -> None:
+    guard = make_guard(tmp_path, plugins={"duplicate_detection": {"pending-timeout-ms": 300}})
+    adapter = LoopbackAdapter()
+    try:
+        # Another sender reserved "A" and has not confirmed it (still sending, or killed).
+        guard.store.ring_reserve("q", [id_digest("A")], 20000, 300)
+        producer = GuardedProducer(adapter, guard)
+        with pytest.raises(MessageRejected, match=IN_FLIGHT_CODE):
+            producer.send("q", b"1", duplicate_id="A")
+        assert "duplicate_in_flight" in kinds(guard)
+        assert adapter.loop.depth("q") == 0
+        time.sleep(0.4)  # the other sender is presumed dead: its reservation is taken over
+        assert producer.send("q", b"1", duplicate_id="A").sent
+        assert adapter.loop.depth("q") == 1
+    finally:
+        guard.close()
+
+
+def test_transaction_ids_released_when_commit_fails_confirmed_when_it_succeeds(setup) -> None:
+    guard, adapter, producer = setup
+
+    def broken_commit(transaction: str) -> None:
+        raise AdapterError("loopback: connection lost at COMMIT")
+
+    real_commit, adapter.commit = adapter.commit, broken_commit  # type: ignore[method-assign]
+    with pytest.raises(AdapterError), producer.transaction() as tx:
+        producer.send("q", b"1", duplicate_id="T", transaction=tx)
+    assert guard.store.ring_ids("q") == []  # released: the retry must not be refused
+    adapter.commit = real_commit  # type: ignore[method-assign]
+    with producer.transaction() as tx:
+        producer.send("q", b"1", duplicate_id="T", transaction=tx)
+    guard.close()
+    assert outcome(guard, "q", "T") is RingOutcome.DUPLICATE
+
+
+def test_pending_timeout_option_is_validated(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="pending-timeout-ms"):
+        make_guard(tmp_path, plugins={"duplicate_detection": {"pending-timeout-ms": 5}})
