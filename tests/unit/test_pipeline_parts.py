@@ -244,3 +244,22 @@ def test_adapter_without_nowait_gets_the_whole_batch_in_one_send_many(
     producer.send_batch(_messages(producer, 100))
     assert calls == [100]
     assert _terminal(guard) == {"sent": list(range(1, 101))}
+
+
+def test_with_a_remote_store_the_batch_is_one_part(guard: Guard, parts: PartsAdapter) -> None:
+    # A store that is not in-process (RedisStore): one part, so one store round trip.
+    class Remote:
+        def __init__(self, inner: object) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+    with Guard(guard.config, store=Remote(guard.store)) as remote:  # type: ignore[arg-type]
+        recorder = Recorder(parts)
+        remote.plugins.register(recorder)
+        producer = GuardedProducer(parts, remote)
+        producer.send_batch(_messages(producer, 100))
+        assert [len(p) for p in parts.parts] == [100]
+        assert recorder.batches == [(100, True)]
+        assert _terminal(remote) == {"sent": list(range(1, 101))}
