@@ -83,6 +83,7 @@ from mqguard.bench import raw
 from mqguard.bench.report import median
 from mqguard.config import parse_config
 from mqguard.message import new_message_id
+from mqguard.sidecar.eventloop import resolve as resolve_loop
 
 SIDECAR_MODES = ("thread", "process")
 
@@ -112,6 +113,8 @@ class ProxyCase:
     sidecar_cpu_us: dict[str, float | None] = field(default_factory=dict)
     #: Per-round figures, in round order, for judging the spread.
     runs: dict[str, list[float]] = field(default_factory=dict)
+    #: The sidecar's event loop: ``asyncio`` or ``uvloop`` (:mod:`mqguard.sidecar.eventloop`).
+    event_loop: str = "asyncio"
 
     @property
     def goals_met(self) -> dict[str, bool]:
@@ -323,12 +326,13 @@ def _ratio(proxy: float, direct: float) -> float:
 def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
              messages: int, size: int, rounds: int, latency_samples: int, batch: int = 100,
              prefetch: int = 100, warmup: int = 500, sidecar_mode: str = "thread",
+             event_loop: str = "auto",
              progress: Callable[[str], None] | None = None) -> ProxyCase:
     """Measure one broker: send, consume and latency, direct vs through a sidecar."""
     say = progress or (lambda text: None)
     bodies = _bodies(messages, size)
     cpu: dict[str, list[float]] = {"send": [], "consume": [], "latency": []}
-    with running_sidecar(broker_url, store_url, sidecar_mode) as sidecar:
+    with running_sidecar(broker_url, store_url, sidecar_mode, event_loop) as sidecar:
         urls = {"direct": broker_url, "proxy": sidecar.url}
 
         def timed_cpu(side: str, phase: str, count: int, run: Callable[[], float]) -> float:
@@ -402,7 +406,8 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
         runs={"direct_send_per_s": sends["direct"], "proxy_send_per_s": sends["proxy"],
               "direct_consume_per_s": consumes["direct"],
               "proxy_consume_per_s": consumes["proxy"],
-              "direct_p99_ms": p99s["direct"], "proxy_p99_ms": p99s["proxy"]})
+              "direct_p99_ms": p99s["direct"], "proxy_p99_ms": p99s["proxy"]},
+        event_loop=resolve_loop(event_loop))
     say(f"{broker}: latency p50 direct {case.direct_p50_ms:.3f} ms proxy "
         f"{case.proxy_p50_ms:.3f} ms, p99 direct {case.direct_p99_ms:.3f} ms proxy "
         f"{case.proxy_p99_ms:.3f} ms")

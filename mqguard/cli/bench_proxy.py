@@ -11,7 +11,10 @@ import os
 import click
 
 from mqguard.bench.report import environment, print_table, write_json
+from mqguard.errors import MqguardError
 from mqguard.servers.ensure import server_urls
+from mqguard.sidecar.eventloop import LOOP_KINDS
+from mqguard.sidecar.eventloop import resolve as resolve_loop
 
 BROKERS = ("activemq", "rabbitmq")
 
@@ -28,6 +31,9 @@ BROKERS = ("activemq", "rabbitmq")
 @click.option("--sidecar", "sidecar_mode", type=click.Choice(("thread", "process")),
               default="thread", show_default=True,
               help="Run the sidecar on a thread of this process, or as its own process.")
+@click.option("--event-loop", "event_loop", type=click.Choice(LOOP_KINDS), default="auto",
+              show_default=True,
+              help="The sidecar's event loop (auto: uvloop when installed, as mqguard sidecar).")
 @click.option("-n", "--messages", type=click.IntRange(100, 1_000_000), default=10_000,
               show_default=True, help="Messages per throughput run.")
 @click.option("--size", type=click.IntRange(8, 1_000_000), default=200, show_default=True,
@@ -46,10 +52,14 @@ BROKERS = ("activemq", "rabbitmq")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str | None,
-          store: str, redis_url: str | None, sidecar_mode: str, messages: int, size: int,
-          batch: int, prefetch: int, rounds: int, latency_samples: int, warmup: int,
+          store: str, redis_url: str | None, sidecar_mode: str, event_loop: str, messages: int,
+          size: int, batch: int, prefetch: int, rounds: int, latency_samples: int, warmup: int,
           json_path: str | None) -> None:
     """Send / consume throughput and added latency of the sidecar, per broker."""
+    try:
+        loop_name = resolve_loop(event_loop)
+    except MqguardError as exc:
+        raise click.ClickException(str(exc)) from None
     from mqguard.bench.proxy import GOALS, run_case, table_rows
 
     brokers = brokers or BROKERS
@@ -63,10 +73,11 @@ def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str 
             case = run_case(broker, urls[broker], store, store_url, messages=messages,
                             size=size, rounds=rounds, latency_samples=latency_samples,
                             batch=batch, prefetch=prefetch, warmup=warmup,
-                            sidecar_mode=sidecar_mode,
+                            sidecar_mode=sidecar_mode, event_loop=event_loop,
                             progress=lambda text: click.echo(text, err=True))
             cases.append(case.to_json())
-    print_table(f"mqguard bench proxy (store {store}, sidecar on a {sidecar_mode}; "
+    print_table(f"mqguard bench proxy (store {store}, sidecar on a {sidecar_mode}, "
+                f"{loop_name} loop; "
                 "throughput: median of rounds, latency: pooled rounds)",
                 [row for case in cases for row in table_rows(case)],
                 ["broker", "figure", "direct", "proxy", "result", "goal", "met"])
@@ -78,7 +89,8 @@ def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str 
                                           "prefetch": prefetch, "rounds": rounds,
                                           "latency_samples": latency_samples,
                                           "warmup": warmup, "store": store,
-                                          "sidecar": sidecar_mode},
+                                          "sidecar": sidecar_mode,
+                                          "event_loop": loop_name},
                            "goals": GOALS, "cases": cases})
 
 

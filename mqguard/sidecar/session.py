@@ -73,6 +73,8 @@ _FRAMING_SEND_HEADERS: Final = frozenset({"destination", "receipt", "transaction
                                           "content-length"})
 ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
 _READ_CHUNK: Final = 256 * 1024
+#: Bytes not yet on the wire to a peer above which a pump waits for that peer to read.
+_BACKLOG: Final = 1 << 20
 _session_ids = itertools.count(1)
 
 
@@ -357,8 +359,11 @@ class ProxySession:
                 await broker_task
 
     async def _pump_client(self) -> str:
+        source = self._client_source
+        out = self._broker_out
+        assert out is not None
         try:
-            async for item in self._client_frames():
+            while (item := await source.next()) is not None:
                 if item is HEARTBEAT:
                     self._write_broker_bytes(b"\n")
                     continue
@@ -367,7 +372,8 @@ class ProxySession:
                 self._on_client_frame(item)
                 if self._client_done:
                     return "disconnect"
-                await self._drain(self._broker_out)
+                if out.buffered() > _BACKLOG:
+                    await self._drain(out)
         except FrameError as exc:
             self._protocol_error(exc)
             return "protocol-error"
@@ -380,8 +386,11 @@ class ProxySession:
         return "client-closed"
 
     async def _pump_broker(self) -> str:
+        source = self._broker_source
+        out = self._client_out
+        assert source is not None
         try:
-            async for item in self._broker_frames():
+            while (item := await source.next()) is not None:
                 if item is HEARTBEAT:
                     if not self._ending:
                         self._write_client_bytes(b"\n")
@@ -390,7 +399,8 @@ class ProxySession:
                 self.metrics.frame("broker", item.command)
                 if self._on_broker_frame(item):
                     return "broker-error"
-                await self._drain(self._client_out)
+                if out.buffered() > _BACKLOG:
+                    await self._drain(out)
         except FrameError as exc:
             self.metrics.protocol_errors.labels("broker").inc()
             log.warning("session %s: malformed frame from the broker: %s", self.label, exc)
@@ -411,8 +421,9 @@ class ProxySession:
 
     @staticmethod
     async def _drain(out: Outbox | None) -> None:
-        # Back-pressure: wait only when the peer is not keeping up.
-        if out is not None and out.buffered() > 1 << 20:
+        # Back-pressure: wait only when the peer is not keeping up (the pumps check
+        # the backlog themselves first, so a frame costs no coroutine).
+        if out is not None and out.buffered() > _BACKLOG:
             out.flush()
             await out.writer.drain()
 
@@ -793,23 +804,25 @@ class ProxySession:
 
     def _on_message(self, frame: Frame) -> None:
         assert self.leg is not None
-        echoed = frame.get("receipt")
+        # One dict of the headers for every lookup below (each Frame.get scans the list).
+        headers = frame.header_dict()
+        echoed = headers.get("receipt")
         if echoed is not None and echoed.startswith(CHAIN_RECEIPT_PREFIX):
             # RabbitMQ echoes a SEND's receipt header in the MESSAGE: it is the
             # sidecar's own id, meaningless to the consumer.
             frame.remove("receipt")
-        sub = self._subs.get(frame.get("subscription") or "")
+            del headers["receipt"]
+        sub = self._subs.get(headers.get("subscription") or "")
         if sub is None or sub.browse:
             # Unknown: unsubscribed meanwhile (unacked, so the broker gets it back);
             # browsing consumes nothing, so there is nothing to guard.
             if sub is not None:
                 self._write_client(frame)
             return
-        token = frame.get("ack") if self.version == "1.2" else frame.get("message-id")
+        token = headers.get("ack") if self.version == "1.2" else headers.get("message-id")
         if token is None:
             self._write_client(frame)  # nothing to settle with: relay as is
             return
-        headers = frame.header_dict()
         message = Message.from_wire(
             sub.queue, frame.body,
             {k: v for k, v in headers.items() if k not in BROKER_MESSAGE_HEADERS},

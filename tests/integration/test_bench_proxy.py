@@ -32,16 +32,19 @@ def test_bench_proxy_figures_are_consistent(activemq_server: ServerHandle,
                                             tmp_path: Path) -> None:
     report = run_bench(["--broker", "activemq", "--activemq-url",
                         activemq_server.urls["stomp"], "-n", "300", "--rounds", "1",
-                        "--latency-samples", "100", "--warmup", "100"],
+                        "--latency-samples", "100", "--warmup", "100",
+                        "--event-loop", "asyncio"],
                        tmp_path / "proxy.json")
     assert report["benchmark"] == "proxy"
     assert report["parameters"]["messages"] == 300
     assert report["parameters"]["sidecar"] == "thread"
+    assert report["parameters"]["event_loop"] == "asyncio"
     assert report["goals"] == {"send_ratio": 0.8, "consume_ratio": 0.8, "added_p99_ms": 2.0}
     assert "load_average_before" in report["environment"]
     (case,) = report["cases"]
     print(json.dumps(case, indent=1))
-    assert (case["broker"], case["store"]) == ("activemq", "memory")
+    assert (case["broker"], case["store"], case["event_loop"]) == ("activemq", "memory",
+                                                                   "asyncio")
     for figure in FIGURES:
         assert case[figure] > 0, figure
     assert case["send_ratio"] == pytest.approx(
