@@ -1428,6 +1428,13 @@ class StompAdapter:
         with self._lock:
             sub = self._subs.pop(subscription_id, None)
             conn = self._conn if self._state == "connected" else None
+            if sub is not None:
+                # A delivery still being handled (another thread) must not ACK after the
+                # UNSUBSCRIBE: the broker answers with an ERROR ("Subscription not found"
+                # on RabbitMQ) and closes the connection. Its ack now fails here instead,
+                # and the broker redelivers the message to the next consumer.
+                for token in [t for t, s in self._unacked.items() if s == sub.id]:
+                    del self._unacked[token]
         if sub is None or conn is None:
             return
         rid = self._new_id("unsubscribe")
@@ -1454,9 +1461,9 @@ class StompAdapter:
             sub_id = self._unacked.pop(token, None)
             if sub_id is None:
                 raise AdapterError(
-                    f"cannot {action} delivery {token!r}: it was already acknowledged, or it "
-                    "arrived over a connection that has since been lost (the broker "
-                    "redelivers it)")
+                    f"cannot {action} delivery {token!r}: it was already acknowledged, or "
+                    "its subscription was closed or it arrived over a connection that has "
+                    "since been lost (the broker redelivers it)")
             sub = self._subs.get(sub_id)
             if sub is not None and sub.ack == "client":
                 # Cumulative: this ACK/NACK also settles every earlier delivery of the

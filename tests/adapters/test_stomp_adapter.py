@@ -164,6 +164,27 @@ def test_send_many_nowait_refuses_on_a_closed_adapter(stomp: Factory, unique_nam
         adapter.send_many_nowait([_guarded(unique_name, b"x")])
 
 
+def test_an_ack_after_unsubscribe_fails_locally_and_keeps_the_connection(
+        stomp: Factory, unique_name: str) -> None:
+    # A handler still running when its consumer closes: the late ACK must not reach the
+    # broker after the UNSUBSCRIBE (RabbitMQ: ERROR "Subscription not found", connection
+    # closed). It fails here, and the message is redelivered.
+    adapter = stomp()
+    adapter.send(_guarded(unique_name, b"late"))
+    inbox = Inbox()
+    sub = adapter.subscribe(unique_name, inbox)
+    (delivery,) = inbox.wait_for(1)
+    adapter.unsubscribe(sub)
+    with pytest.raises(AdapterError, match="subscription was closed"):
+        adapter.ack(delivery)
+    adapter.send(_guarded(unique_name, b"after"))  # same session: nothing was closed
+    assert adapter.sessions == 1
+    adapter.close()
+    again = Inbox()
+    stomp().subscribe(unique_name, again)
+    assert sorted(d.message.body for d in again.wait_for(2)) == [b"after", b"late"]
+
+
 def test_message_id_is_stable_across_a_redelivery(
         stomp: Factory, broker: str, unique_name: str) -> None:
     producer = stomp()
