@@ -126,14 +126,20 @@ class MemoryStore:
     def ring_check_and_add(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
         with self._lock:
             ring = self._ring(name, capacity)
-            members = ring.members
+            # _Ring.add inlined: this loop is the hot path of every guarded send.
+            members, pending, popitem = ring.members, ring.pending, ring.members.popitem
             out: list[bool] = []
+            append = out.append
             for item in ids:
                 if item in members:
-                    out.append(True)
-                else:
-                    ring.add(item)
-                    out.append(False)
+                    append(True)
+                    continue
+                if len(members) >= capacity:
+                    evicted, _ = popitem(last=False)
+                    if pending:
+                        pending.pop(evicted, None)
+                members[item] = None
+                append(False)
             return out
 
     def ring_add_all_or_none(self, name: str, ids: Sequence[bytes], capacity: int) -> list[bool]:
@@ -159,18 +165,48 @@ class MemoryStore:
             pending = ring.pending
             for item in confirm:
                 pending.pop(item, None)
-            seen: set[bytes] = set()
-            out: list[RingOutcome] = []
-            for item in ids:
-                out.append(RingOutcome.DUPLICATE if item in seen
-                           else ring.outcome(item, now, pending_s))
-                seen.add(item)
-                if not all_or_none and out[-1] is RingOutcome.NEW:
-                    self._reserve(ring, item, now)
-            if all_or_none and all(o is RingOutcome.NEW for o in out):
+            if all_or_none:
+                seen: set[bytes] = set()
+                out: list[RingOutcome] = []
                 for item in ids:
-                    self._reserve(ring, item, now)
-            return out
+                    out.append(RingOutcome.DUPLICATE if item in seen
+                               else ring.outcome(item, now, pending_s))
+                    seen.add(item)
+                if all(o is RingOutcome.NEW for o in out):
+                    for item in ids:
+                        self._reserve(ring, item, now)
+                return out
+            return self._reserve_each(ring, ids, capacity, now, pending_s)
+
+    @staticmethod
+    def _reserve_each(ring: _Ring, ids: Sequence[bytes], capacity: int, now: float,
+                      pending_s: float) -> list[RingOutcome]:
+        # _Ring.add and outcome inlined: this loop is the hot path of every guarded send.
+        new, duplicate, in_flight = RingOutcome.NEW, RingOutcome.DUPLICATE, RingOutcome.IN_FLIGHT
+        members, pending, popitem = ring.members, ring.pending, ring.members.popitem
+        fresh: set[bytes] = set()  # reserved by this call: a repeat is a duplicate
+        out: list[RingOutcome] = []
+        append = out.append
+        for item in ids:
+            if item in members:
+                since = pending.get(item)
+                if since is None or item in fresh:
+                    append(duplicate)
+                elif now - since < pending_s:
+                    append(in_flight)
+                else:  # a stale reservation, taken over in place
+                    pending[item] = now
+                    fresh.add(item)
+                    append(new)
+                continue
+            if len(members) >= capacity:
+                evicted, _ = popitem(last=False)
+                pending.pop(evicted, None)
+            members[item] = None
+            pending[item] = now
+            fresh.add(item)
+            append(new)
+        return out
 
     @staticmethod
     def _reserve(ring: _Ring, item: bytes, now: float) -> None:
