@@ -11,7 +11,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -226,7 +226,9 @@ def test_capacity_below_one_is_rejected(store: Store, capacity: int) -> None:
     assert store.ring_stats("r") is None
 
 
-def test_threads_racing_accept_each_id_once(store: Store) -> None:
+def race_four_threads(store: Store, accepts: Callable[[list[bytes]], list[bool]]) -> None:
+    """Four threads offer the same 200 ids in different orders, 7 per call; ``accepts`` says
+    which of a call's ids it took. Each id must be taken exactly once."""
     ids = d(*range(200))
     accepted: list[bytes] = []
     lock = threading.Lock()
@@ -239,9 +241,9 @@ def test_threads_racing_accept_each_id_once(store: Store) -> None:
         start.wait()
         for i in range(0, len(mine), 7):
             batch = mine[i:i + 7]
-            flags = store.ring_check_and_add("race", batch, 1000)
+            taken = accepts(batch)
             with lock:
-                accepted.extend(item for item, dup in zip(batch, flags, strict=True) if not dup)
+                accepted.extend(item for item, ok in zip(batch, taken, strict=True) if ok)
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
     for thread in threads:
@@ -249,6 +251,11 @@ def test_threads_racing_accept_each_id_once(store: Store) -> None:
     for thread in threads:
         thread.join(timeout=60)
     assert sorted(accepted) == sorted(ids)
+
+
+def test_threads_racing_accept_each_id_once(store: Store) -> None:
+    race_four_threads(store, lambda batch: [not dup for dup in
+                                            store.ring_check_and_add("race", batch, 1000)])
 
 
 # -- reservations (two-phase duplicate detection) -------------------------------------------------
@@ -353,28 +360,8 @@ def test_pending_ms_below_one_is_rejected(store: Store, pending_ms: int) -> None
 
 
 def test_threads_racing_reserve_each_id_once(store: Store) -> None:
-    ids = d(*range(200))
-    accepted: list[bytes] = []
-    lock = threading.Lock()
-    start = threading.Barrier(4)
-
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        mine = ids[:]
-        rng.shuffle(mine)
-        start.wait()
-        for i in range(0, len(mine), 7):
-            batch = mine[i:i + 7]
-            found = store.ring_reserve("race", batch, 1000, LONG_MS)
-            with lock:
-                accepted.extend(item for item, o in zip(batch, found, strict=True) if o is NEW)
-
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert sorted(accepted) == sorted(ids)
+    race_four_threads(store, lambda batch: [found is NEW for found in
+                                            store.ring_reserve("race", batch, 1000, LONG_MS)])
 
 
 # -- awkward names ------------------------------------------------------------------------------
