@@ -89,11 +89,14 @@ def before_send(message: Message, ctx: HookContext) -> Verdict | None:
 
 @hookspec
 def before_send_batch(messages: list[Message], ctx: HookContext) -> dict[int, Verdict] | None:
-    """Decide about a whole batch at once, after ``before_send`` accepted each of ``messages``.
+    """Decide about a batch at once, after ``before_send`` accepted each of ``messages``.
 
     Called by :meth:`~mqguard.pipeline.Guard.send_batch` outside transactions, with
     ``ctx.batch`` True (``before_send`` saw the same flag and may have deferred its
     work to this hook, e.g. to check all duplicate ids in one store round trip).
+    With an in-process store the batch is decided and written in parts (the broker
+    works on one part while the next is decided), and the hook is called once per
+    part, with that part's accepted messages.
     Return ``{index: verdict}`` for the messages to refuse (DROP or REJECT); every
     implementation is called and the verdicts are merged, the first per index wins.
     """
