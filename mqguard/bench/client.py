@@ -12,7 +12,11 @@ Produce interleaves the two sides batch by batch within each round (raw batch,
 guarded batch, guarded, raw, ... each side's time is the sum of its batches), so
 both see the same machine and broker state to within a batch: on a shared,
 loaded machine whole-run alternation let load swings of a few seconds decide
-the ratio. Consume alternates whole runs (a consumer drains a preloaded queue).
+the ratio. Consume alternates the sides drain by drain: each side drains a
+freshly preloaded queue of :data:`CONSUME_CHUNK` messages, then the other, until
+every message was consumed once per side; each side's time is the sum of its
+drains (subscribing included, connecting not, for both: MQTT sessions deliver on
+connect, so there both sides time the connection).
 The median of each side's rounds gives ``ratio = guarded_per_s / raw_per_s``.
 """
 
@@ -37,6 +41,9 @@ from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
 
 PROTOCOL = {"activemq": "stomp", "rabbitmq": "stomp", "mosquitto": "mqtt"}
+#: Consume runs alternate raw and guarded in drains of this many messages (each from a
+#: freshly preloaded queue), so that both sides see the same load to within a second.
+CONSUME_CHUNK = 1000
 
 
 @dataclass
@@ -100,7 +107,8 @@ def _produce_interleaved(protocol: str, url: str, guard: Guard, bodies: list[byt
 
 
 def _guarded_consume(url: str, guard: Guard, address: str, count: int, prefetch: int,
-                     adapter_options: dict[str, Any], timeout: float = 120.0) -> float:
+                     adapter_options: dict[str, Any], *, connect_first: bool,
+                     timeout: float = 120.0) -> float:
     done = threading.Event()
     seen = 0
 
@@ -112,6 +120,10 @@ def _guarded_consume(url: str, guard: Guard, address: str, count: int, prefetch:
 
     consumer = GuardedConsumer(open_adapter(url, **adapter_options), address, handler, guard,
                                options=SubscribeOptions(prefetch=prefetch))
+    if connect_first:
+        # As the raw STOMP consumer: connected before the clock starts (an MQTT session
+        # delivers on connect, so there both sides time the connection).
+        consumer.adapter.connect()
     started = time.perf_counter()
     with consumer:
         if not done.wait(timeout):
@@ -140,13 +152,17 @@ def run_case(broker: str, url: str, store_name: str, store_url: str, direction: 
                 raw_runs.append(messages / raw_seconds)
                 guarded_runs.append(messages / guarded_seconds)
                 continue
-            # Alternate which side goes first so warm-up and drift favour neither.
-            order = ("raw", "guarded") if round_number % 2 == 0 else ("guarded", "raw")
-            for side in order:
-                address = f"mqguard.bench.{direction}.{new_message_id()[:10]}"
-                seconds = _consume_side(protocol, side, url, guard, address, bodies,
-                                        batch, prefetch)
-                (raw_runs if side == "raw" else guarded_runs).append(messages / seconds)
+            spent = {"raw": 0.0, "guarded": 0.0}
+            for number, start in enumerate(range(0, messages, CONSUME_CHUNK)):
+                # Alternate which side goes first so warm-up and drift favour neither.
+                first_raw = (round_number + number) % 2 == 0
+                for side in ("raw", "guarded") if first_raw else ("guarded", "raw"):
+                    address = f"mqguard.bench.{direction}.{new_message_id()[:10]}"
+                    spent[side] += _consume_side(protocol, side, url, guard, address,
+                                                 bodies[start:start + CONSUME_CHUNK], batch,
+                                                 prefetch)
+            raw_runs.append(messages / spent["raw"])
+            guarded_runs.append(messages / spent["guarded"])
     raw_rate, guarded_rate = median(raw_runs), median(guarded_runs)
     return ClientCase(broker, store_name, direction, messages, raw_rate, guarded_rate,
                       guarded_rate / raw_rate if raw_rate else 0.0, raw_runs, guarded_runs)
@@ -162,7 +178,8 @@ def _consume_side(protocol: str, side: str, url: str, guard: Guard, address: str
     _preload(protocol, url, address, bodies, batch)
     if side == "guarded":
         options: dict[str, Any] = {"client_id": client_id} if protocol == "mqtt" else {}
-        return _guarded_consume(url, guard, address, len(bodies), prefetch, options)
+        return _guarded_consume(url, guard, address, len(bodies), prefetch, options,
+                                connect_first=protocol == "stomp")
     if protocol == "stomp":
         return raw.stomp_consume(url, address, len(bodies), prefetch)
     return raw.mqtt_consume(url, address, len(bodies), client_id)

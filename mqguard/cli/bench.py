@@ -43,9 +43,9 @@ def bench() -> None:
 @click.option("--prefetch", type=click.IntRange(1, 10_000), default=100, show_default=True,
               help="Consumer prefetch (unacknowledged messages in flight).")
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="Rounds per case; medians are reported. Produce: raw and guarded "
-                   "batches interleaved within each round; consume: raw and guarded runs "
-                   "alternate.")
+              help="Rounds per case; medians are reported. Within a round raw and "
+                   "guarded alternate batch by batch (produce) or drain by drain of 1000 "
+                   "messages (consume).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def client(brokers: tuple[str, ...], stores: tuple[str, ...], activemq_url: str | None,
