@@ -22,6 +22,16 @@ ran but whose ack never arrived. ``action`` decides what happens to it:
 
 Every suppression writes ``duplicate_delivery_suppressed``.
 
+A copy is also a duplicate while another copy of the same (producer, sequence),
+with another message id, is in flight in this guard: delivered, not yet settled.
+Two copies of one message reach the broker when a producer's send reached it but
+the producer died before learning so and its retry went out too; a consumer with
+a prefetch can hold both before it handled either. The copy in flight still has
+its own fate (acked, or redelivered by the broker when its consumer fails), so
+suppressing the second loses nothing. (ActiveMQ's audit records a sequence at
+dispatch for the same reason.) The in-flight table is bounded (``MAX_IN_FLIGHT``,
+oldest forgotten first: a forgotten entry can only let a duplicate through).
+
 A failed delivery is never marked, so the redeliveries of the redelivery policy
 are not duplicates. Messages without a producer id and sequence (not sent
 through a guarded producer) are not audited.
@@ -38,7 +48,9 @@ mark is a safety net, not a lock).
 from __future__ import annotations
 
 import logging
-from typing import Literal
+import threading
+from collections import OrderedDict
+from typing import Final, Literal
 
 from pydantic import Field
 
@@ -54,6 +66,8 @@ from mqguard.verdict import AckReason, Verdict
 log = logging.getLogger("mqguard.plugins.consumer_audit")
 
 NAME = "consumer_audit"
+#: Deliveries remembered as in flight (delivered, not yet settled) per guard.
+MAX_IN_FLIGHT: Final = 100_000
 
 
 class ConsumerAuditOptions(PluginOptions):
@@ -80,6 +94,9 @@ class ConsumerAuditPlugin:
     def __init__(self) -> None:
         self.options = ConsumerAuditOptions()
         self.audit = ConsumerAudit()
+        # (destination, producer, sequence) -> message id of the copy in flight.
+        self._in_flight: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        self._lock = threading.Lock()
 
     @hookimpl
     def configure(self, config: MqguardConfig) -> None:
@@ -100,17 +117,54 @@ class ConsumerAuditPlugin:
             except StoreError as exc:
                 log.warning("shared consumer audit unavailable, local audit only: %s", exc)
         if not duplicate:
+            duplicate = self._hold(destination, producer, sequence, message.message_id)
+        if not duplicate:
             return None
         return self._on_duplicate(message, ctx, destination)
+
+    def _hold(self, destination: str, producer: str, sequence: int, message_id: str) -> bool:
+        """Record the delivery as in flight; True when another copy already is."""
+        key = (destination, producer, sequence)
+        with self._lock:
+            holder = self._in_flight.get(key)
+            if holder is not None and holder != message_id:
+                return True
+            self._in_flight[key] = message_id  # the same copy redelivered takes over
+            self._in_flight.move_to_end(key)
+            if len(self._in_flight) > MAX_IN_FLIGHT:
+                self._in_flight.popitem(last=False)
+        return False
+
+    def _settled(self, message: Message, ctx: HookContext) -> None:
+        producer, sequence = message.producer_id, message.sequence
+        if producer is None or sequence is None or not self._in_flight:
+            return
+        key = (ctx.queue or message.address, producer, sequence)
+        with self._lock:
+            if self._in_flight.get(key) == message.message_id:
+                del self._in_flight[key]
+
+    @hookimpl
+    def message_acknowledged(self, message: Message, ctx: HookContext,
+                             reason: AckReason) -> None:
+        self._settled(message, ctx)
+
+    @hookimpl
+    def message_nacked(self, message: Message, ctx: HookContext, requeue: bool) -> None:
+        self._settled(message, ctx)
 
     @hookimpl
     def after_deliver(self, message: Message, ctx: HookContext,
                       error: BaseException | None) -> None:
         producer, sequence = message.producer_id, message.sequence
-        if error is not None or producer is None or sequence is None:
+        if producer is None or sequence is None:
+            return
+        if error is not None:
+            self._settled(message, ctx)  # failed: its redelivery is no duplicate
             return
         destination = ctx.queue or message.address
         self.audit.mark(destination, producer, sequence)
+        self._settled(message, ctx)  # after the mark: a copy arriving now is seen either way
         if self.options.shared:
             try:
                 ctx.store.audit_mark(destination, producer, [sequence], self.options.window,

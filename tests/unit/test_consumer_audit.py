@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from mqguard.adapter import Delivery
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
 from mqguard.errors import ConfigError, Nack
@@ -152,3 +153,40 @@ def test_options_are_validated() -> None:
     config = parse_config({"plugins": {"consumer_audit": {"action": "explode"}}}, "x.toml")
     with pytest.raises(ConfigError, match=r"plugins\.consumer_audit\.action = .explode."):
         Guard(config)
+
+
+def test_a_copy_is_suppressed_while_another_copy_is_in_flight(tmp_path: Path) -> None:
+    """Two copies of one message (a producer's send reached the broker, its retry too),
+    both delivered before either was handled: the second is a duplicate."""
+    guard = make_guard(tmp_path)
+    adapter = LoopbackAdapter()
+    first = GuardedProducer(adapter, guard).message("q", b"twice")
+    second = Message.from_wire("q", first.body, first.wire_headers())
+    first.message_id, second.message_id = "copy-1", "copy-2"
+    deliveries = [Delivery(Message.from_wire("q", m.body, m.wire_headers()), "s", str(n))
+                  for n, m in enumerate((first, second))]
+    ctx = guard.open_delivery(adapter, deliveries[0], queue="q")
+    assert ctx is not None  # in flight: handed to the application, not yet settled
+    assert guard.open_delivery(adapter, deliveries[1], queue="q") is None  # suppressed
+    # The same copy redelivered (its consumer failed) is not a duplicate of itself.
+    assert guard.open_delivery(adapter, deliveries[0], queue="q") is not None
+    suppressed = [e for e in events(guard) if e["type"] == "duplicate_delivery_suppressed"]
+    assert [e["message_id"] for e in suppressed] == ["copy-2"]
+    guard.close()
+
+
+def test_a_failed_copy_leaves_the_in_flight_table(tmp_path: Path) -> None:
+    guard = make_guard(tmp_path)
+    adapter = LoopbackAdapter()
+    message = GuardedProducer(adapter, guard).message("q", b"m")
+    copies = []
+    for n in range(2):
+        copy = Message.from_wire("q", message.body, message.wire_headers())
+        copy.message_id = f"copy-{n}"
+        copies.append(Delivery(copy, "s", str(n)))
+    ctx = guard.open_delivery(adapter, copies[0], queue="q")
+    assert ctx is not None
+    guard.finish_delivery(adapter, copies[0], ctx, RuntimeError("handler failed"))
+    # Not marked (the handler failed) and no longer in flight: the other copy is handled.
+    assert guard.open_delivery(adapter, copies[1], queue="q") is not None
+    guard.close()
