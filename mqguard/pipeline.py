@@ -282,8 +282,9 @@ class Guard:
         (8, 32, 60 for a batch of 100), so the first frames leave at once. With a
         remote store (Redis) each part would cost a store round trip, i.e. the thread
         blocks and waits to be scheduled again: on a loaded machine that lost more than
-        the overlap won (bench client, RabbitMQ + Redis at load 8-12: ratio 0.70 with
-        three parts, 0.92 with one), so the batch is one part there.
+        the overlap won (bench client, RabbitMQ + Redis at load 5-12, same runs: ratio
+        0.70 and 0.78 with three parts, 0.94 and 0.83 with one), so the batch is one part
+        there.
 
         Receipts are awaited once every part is written (the last part first, so the
         thread wakes once per batch), then the parts are settled in order: ``sent``
