@@ -94,9 +94,8 @@ def before_send_batch(messages: list[Message], ctx: HookContext) -> dict[int, Ve
     Called by :meth:`~mqguard.pipeline.Guard.send_batch` outside transactions, with
     ``ctx.batch`` True (``before_send`` saw the same flag and may have deferred its
     work to this hook, e.g. to check all duplicate ids in one store round trip).
-    With an in-process store the batch is decided and written in parts (the broker
-    works on one part while the next is decided), and the hook is called once per
-    part, with that part's accepted messages.
+    When the guard writes a batch in parts (``Guard.send_in_parts``, off by default),
+    the hook is called once per part, with that part's accepted messages.
     Return ``{index: verdict}`` for the messages to refuse (DROP or REJECT); every
     implementation is called and the verdicts are merged, the first per index wins.
     """

@@ -37,7 +37,6 @@ from mqguard.message import (
 from mqguard.plugin_manager import make_plugin_manager
 from mqguard.redelivery import Mechanism, RedeliveryTimer, choose_mechanism
 from mqguard.stores import Store, open_store
-from mqguard.stores.memory import MemoryStore
 from mqguard.verdict import AckReason, Action, Verdict
 
 if TYPE_CHECKING:
@@ -125,6 +124,15 @@ def make_event_log(config: MqguardConfig) -> EventLog:
 class Guard:
     """Runs the hooks around sends and deliveries and applies their verdicts."""
 
+    #: Decide and write a batch in parts, so that the broker works on one part while the
+    #: next is decided (see :meth:`_send_in_parts`). Off: on this project's shared 2-core
+    #: machine (load 6-12) it measured no gain, the extra hook calls, store round trips and
+    #: wake-ups cost more than the overlap won (RabbitMQ produce, same runs: ratio 0.90
+    #: in parts vs 0.95 in one with MemoryStore over 16 alternations; 0.70-0.89 vs
+    #: 0.83-0.98 with Redis). Worth measuring again on an idle machine, where the
+    #: broker's idle time is what the overlap saves.
+    send_in_parts: bool = False
+
     def __init__(
         self,
         config: MqguardConfig | None = None,
@@ -141,9 +149,6 @@ class Guard:
         self._owns_store = store is None
         self._owns_events = events is None
         self.store: Store = store if store is not None else open_store(self.config.core.store)
-        # Batches are decided and written in parts only when deciding does not wait for a
-        # store round trip per part (see _send_in_parts).
-        self._send_in_parts_enabled = isinstance(self.store, MemoryStore)
         self.events: EventLog = events if events is not None else make_event_log(self.config)
         self.plugins = plugin_manager or make_plugin_manager(self.config)
         self.hook = self.plugins.hook
@@ -273,18 +278,13 @@ class Guard:
 
     def _send_in_parts(self, adapter: Adapter, messages: Sequence[Message]
                        ) -> list[SendResult]:
-        """The batch path outside transactions: decide and write the batch in parts.
+        """The batch path outside transactions: decide, write, then await the receipts.
 
-        With an in-process store (MemoryStore) the broker works on part n while the
-        guard decides part n+1 (hooks and one ``before_send_batch``, i.e. one
-        duplicate-ID check-and-add, per part), instead of idling until the whole batch
-        is decided; the parts grow from :data:`FIRST_PART` to :data:`MAX_PART` messages
-        (8, 32, 60 for a batch of 100), so the first frames leave at once. With a
-        remote store (Redis) each part would cost a store round trip, i.e. the thread
-        blocks and waits to be scheduled again: on a loaded machine that lost more than
-        the overlap won (bench client, RabbitMQ + Redis at load 5-12, same runs: ratio
-        0.70 and 0.78 with three parts, 0.94 and 0.83 with one), so the batch is one part
-        there.
+        With :attr:`send_in_parts` the batch is decided and written in parts, growing
+        from :data:`FIRST_PART` to :data:`MAX_PART` messages (8, 32, 60 for a batch of
+        100): the broker works on part n while the guard decides part n+1 (hooks and one
+        ``before_send_batch``, i.e. one duplicate-ID reservation, per part). Otherwise
+        (the default) the whole batch is one part.
 
         Receipts are awaited once every part is written (the last part first, so the
         thread wakes once per batch), then the parts are settled in order: ``sent``
@@ -299,10 +299,8 @@ class Guard:
         rejected: MessageRejected | None = None
         failure: BaseException | None = None
         position = 0
-        if send_nowait is None or not self._send_in_parts_enabled:
-            size = len(messages)
-        else:
-            size = FIRST_PART
+        in_parts = send_nowait is not None and self.send_in_parts
+        size = FIRST_PART if in_parts else len(messages)
         try:
             while position < len(messages) and rejected is None:
                 part = messages[position:position + size]

@@ -110,7 +110,8 @@ def _part_sizes(total: int) -> list[int]:
 
 
 @pytest.fixture
-def parts() -> PartsAdapter:
+def parts(guard: Guard) -> PartsAdapter:
+    guard.send_in_parts = True  # off by default (see Guard.send_in_parts)
     return PartsAdapter()
 
 
@@ -246,20 +247,16 @@ def test_adapter_without_nowait_gets_the_whole_batch_in_one_send_many(
     assert _terminal(guard) == {"sent": list(range(1, 101))}
 
 
-def test_with_a_remote_store_the_batch_is_one_part(guard: Guard, parts: PartsAdapter) -> None:
-    # A store that is not in-process (RedisStore): one part, so one store round trip.
-    class Remote:
-        def __init__(self, inner: object) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self._inner, name)
-
-    with Guard(guard.config, store=Remote(guard.store)) as remote:  # type: ignore[arg-type]
-        recorder = Recorder(parts)
-        remote.plugins.register(recorder)
-        producer = GuardedProducer(parts, remote)
-        producer.send_batch(_messages(producer, 100))
-        assert [len(p) for p in parts.parts] == [100]
-        assert recorder.batches == [(100, True)]
-        assert _terminal(remote) == {"sent": list(range(1, 101))}
+def test_by_default_the_batch_is_one_part_written_without_waiting(
+        guard: Guard) -> None:
+    adapter = PartsAdapter()
+    assert Guard.send_in_parts is False
+    recorder = Recorder(adapter)
+    guard.plugins.register(recorder)
+    producer = GuardedProducer(adapter, guard)
+    results = producer.send_batch(_messages(producer, 100))
+    assert [len(p) for p in adapter.parts] == [100]
+    assert [kind for kind, _ in adapter.log if kind != "decide"] == ["write", "wait"]
+    assert recorder.batches == [(100, True)]
+    assert all(r.sent for r in results)
+    assert _terminal(guard) == {"sent": list(range(1, 101))}
