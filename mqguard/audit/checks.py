@@ -219,6 +219,10 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
         F.min(F.when(_is(E.DEAD_LETTERED), F.col("delivery_count"))).alias("dead_letter_count"),
         F.count_if(F.col("type").startswith("tx_")).alias("transactions"),
         F.collect_list("queue_fact").alias("queues"),
+        # Scalars of ``queues``: classify's cheap pre-filter (see there).
+        F.max(F.col("queue_fact.deliveries")).alias("max_queue_deliveries"),
+        F.max(F.col("queue_fact.duplicated")).alias("any_duplicated"),
+        F.max(F.col("queue_fact.late")).alias("max_late"),
     )
 
 
@@ -313,6 +317,22 @@ def classify(facts: DataFrame, context: DataFrame, watermark: int,
     limit = c("max_delivery_attempts")
     dead_letters_unmoved = F.array_except(c("dead_letter_targets"), c("moved_targets"))
     expiries_unmoved = F.array_except(c("expiry_targets"), c("moved_targets"))
+
+    # Most messages yield no finding: a pre-filter made of necessary conditions of
+    # every class (plain columns, compiled) spares them the finding structs and the
+    # higher-order functions over ``queues`` below, which are evaluated row by row.
+    # At 10 million events that building was 20 of the audit's 217 CPU seconds.
+    maybe = (judged_send
+             | (guarded & ~origin_known & seen)
+             | (guarded & ~accepted & (c("send_failed") > 0))
+             | (~guarded & seen)
+             | c("dead_letter_count").isNotNull()
+             | (F.size(c("dead_letter_targets")) > 0) | (F.size(c("expiry_targets")) > 0)
+             | F.coalesce(c("any_duplicated"), F.lit(False))
+             | F.coalesce(c("max_late") > 0, F.lit(False))
+             | F.coalesce(limit.isNotNull() & (c("max_queue_deliveries") > limit),
+                          F.lit(False)))
+    joined = joined.filter(maybe)
 
     per_message = F.array_compact(F.array(
         F.when(judged_send & ~in_flight, _finding(
