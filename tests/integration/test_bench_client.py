@@ -10,20 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from mqguard.cli import main
+from tests.integration.brokers import BROKERS, broker_of
 
-BROKERS = [
-    pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq"),
-    pytest.param(("rabbitmq", "stomp"), marks=pytest.mark.rabbitmq, id="rabbitmq"),
-    pytest.param(("mosquitto", "mqtt"), marks=pytest.mark.mosquitto, id="mosquitto"),
-]
 MESSAGES = 200
 ROUNDS = 2
 
 
 @pytest.fixture
 def broker_url(request: pytest.FixtureRequest) -> tuple[str, str]:
-    kind, scheme = request.param
-    return kind, request.getfixturevalue(f"{kind}_server").urls[scheme]
+    return broker_of(request)
 
 
 @pytest.mark.parametrize("broker_url", BROKERS, indirect=True)

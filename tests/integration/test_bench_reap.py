@@ -12,19 +12,14 @@ from click.testing import CliRunner
 
 from mqguard.bench.reap import expiring_plan
 from mqguard.cli import main
+from tests.integration.brokers import BROKERS, broker_of
 
-BROKERS = [
-    pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq"),
-    pytest.param(("rabbitmq", "stomp"), marks=pytest.mark.rabbitmq, id="rabbitmq"),
-    pytest.param(("mosquitto", "mqtt"), marks=pytest.mark.mosquitto, id="mosquitto"),
-]
 MESSAGES = 200
 
 
 @pytest.fixture
 def broker_url(request: pytest.FixtureRequest) -> tuple[str, str]:
-    kind, scheme = request.param
-    return kind, request.getfixturevalue(f"{kind}_server").urls[scheme]
+    return broker_of(request)
 
 
 def run_bench(broker: str, url: str, json_path: Path) -> dict[str, Any]:

@@ -25,13 +25,7 @@ from mqguard.registry import open_adapter
 from mqguard.servers import restart_redis
 from mqguard.stores.redis import RedisStore
 from plugins.duplicate_detection import IN_FLIGHT_CODE
-
-BROKERS = [
-    pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq-stomp"),
-    pytest.param(("rabbitmq", "stomp"), marks=pytest.mark.rabbitmq, id="rabbitmq-stomp"),
-    pytest.param(("mosquitto", "mqtt"), marks=pytest.mark.mosquitto, id="mosquitto-mqtt5"),
-]
-STOMP_BROKERS = BROKERS[:2]
+from tests.integration.brokers import BROKERS, STOMP_BROKERS, broker_of
 
 
 def guard_for(tmp_path: Path, store: str, node: str = "dedup", **settings: Any) -> Guard:
@@ -44,8 +38,7 @@ def guard_for(tmp_path: Path, store: str, node: str = "dedup", **settings: Any) 
 
 @pytest.fixture
 def broker_url(request: pytest.FixtureRequest) -> str:
-    kind, scheme = request.param
-    return request.getfixturevalue(f"{kind}_server").urls[scheme]
+    return broker_of(request)[1]
 
 
 class Drain:

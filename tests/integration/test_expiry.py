@@ -31,18 +31,12 @@ from mqguard.reaper import DEFAULT_HOLDING_QUEUE, ExpiryReaper
 from mqguard.registry import open_adapter
 from mqguard.servers.rabbitmq import rabbitmqctl
 from mqguard.testing.waiting import wait_for
-
-BROKERS = [
-    pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq"),
-    pytest.param(("rabbitmq", "stomp"), marks=pytest.mark.rabbitmq, id="rabbitmq"),
-    pytest.param(("mosquitto", "mqtt"), marks=pytest.mark.mosquitto, id="mosquitto"),
-]
+from tests.integration.brokers import BROKERS, broker_of
 
 
 @pytest.fixture
 def url(request: pytest.FixtureRequest) -> str:
-    kind, scheme = request.param
-    return request.getfixturevalue(f"{kind}_server").urls[scheme]
+    return broker_of(request)[1]
 
 
 def make_guard(tmp_path: Path, address: str) -> Guard:

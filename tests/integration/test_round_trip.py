@@ -29,19 +29,12 @@ from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
 from mqguard.verdict import Verdict
-
-BROKERS = [
-    pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq-stomp"),
-    pytest.param(("rabbitmq", "stomp"), marks=pytest.mark.rabbitmq, id="rabbitmq-stomp"),
-    pytest.param(("mosquitto", "mqtt"), marks=pytest.mark.mosquitto, id="mosquitto-mqtt5"),
-]
+from tests.integration.brokers import BROKERS, broker_of
 
 
 @pytest.fixture
 def broker_url(request: pytest.FixtureRequest) -> str:
-    kind, scheme = request.param
-    handle = request.getfixturevalue(f"{kind}_server")
-    return handle.urls[scheme]
+    return broker_of(request)[1]
 
 
 def make_guard(tmp_path: Path, store: str = "memory", disabled: tuple[str, ...] = ()) -> Guard:
