@@ -99,7 +99,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
@@ -375,6 +375,7 @@ def decode_publish_v5(header: int, packet: bytes) -> _Publish | None:
 
 
 _PUBACK: Final = 0x40
+_PUBLISH: Final = 0x30
 
 
 class _Client(paho.Client):
@@ -384,9 +385,45 @@ class _Client(paho.Client):
     decoder takes: the callback is then called through paho's own ``_handle_on_message``
     (its locks and filtered callbacks) with a :class:`_Publish`, and a QoS 1 message is
     acknowledged by paho unless ``manual_ack`` (as paho does). ``_packet_queue`` skips the
-    wake-up of paho's loop for PUBACKs queued on the loop's own thread. Everything else is
+    wake-up of paho's loop for PUBACKs queued on the loop's own thread, and for the
+    PUBLISHes of a batch after its first (see :meth:`publish_batch`). Everything else is
     paho's.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Batches being queued by :meth:`publish_batch` (any thread), and whether the
+        #: network thread was woken since the first of them began.
+        self._batch_lock = threading.Lock()
+        self._batches = 0
+        self._batch_woken = False
+
+    @contextlib.contextmanager
+    def publish_batch(self) -> Iterator[None]:
+        """Queue several PUBLISHes with two wake-ups of the network thread, not one each.
+
+        paho writes a byte to its wake-up socket pair per publish from another thread: a
+        system call, and a wake-up of the network thread (select, recv, write), per
+        message. Inside this block only the first PUBLISH wakes it (so the broker gets
+        to work at once), and the block's end wakes it again: every packet queued in the
+        block is followed by a wake-up, and once awake the network thread writes whatever
+        is queued, so none waits longer than the batch takes to queue.
+        """
+        with self._batch_lock:
+            self._batches += 1
+        try:
+            yield
+        finally:
+            with self._batch_lock:
+                self._batches -= 1
+                if not self._batches:
+                    self._batch_woken = False
+            self._wake_network_thread()
+
+    def _wake_network_thread(self) -> None:
+        if self._sockpairW is not None:
+            with contextlib.suppress(BlockingIOError):
+                self._sockpairW.send(b"0")
 
     def _handle_publish(self) -> MQTTErrorCode:
         if self._protocol == paho.MQTTv5:
@@ -410,8 +447,15 @@ class _Client(paho.Client):
         # needs no wake-up byte through paho's socket pair: that thread is not in select(),
         # and its next turn sees the queued packet (want_write) and writes it. Saves two
         # system calls per acknowledged message; everything else is paho's.
-        if (command & 0xF0 == _PUBACK and self._on_socket_register_write is None
-                and self._thread is threading.current_thread()):
+        kind = command & 0xF0
+        quiet = (kind == _PUBACK and self._on_socket_register_write is None
+                 and self._thread is threading.current_thread())
+        if (not quiet and kind == _PUBLISH and self._batches
+                and self._on_socket_register_write is None and self._thread is not None):
+            # Inside publish_batch: the first PUBLISH wakes the network thread, the
+            # batch's end wakes it again; the ones in between need not.
+            quiet, self._batch_woken = self._batch_woken, True
+        if quiet:
             self._out_packet.append({"command": command, "mid": mid, "qos": qos, "pos": 0,
                                      "to_process": len(packet), "packet": packet,
                                      "info": info})
@@ -972,15 +1016,16 @@ class MqttAdapter:
             return
         client = self._require_client("send")
         infos: list[paho.MQTTMessageInfo] = []
-        for topic, payload, properties in prepared:
-            info = client.publish(topic, payload, qos=1, properties=properties)
-            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                self._abandon([i.mid for i in infos])
-                raise AdapterError(
-                    f"publish to {topic!r} on {self.where} failed: {paho.error_string(info.rc)}"
-                    f"; {len(infos)} earlier message(s) of the batch are unconfirmed (paho "
-                    "keeps them queued)")
-            infos.append(info)
+        with client.publish_batch() if isinstance(client, _Client) else contextlib.nullcontext():
+            for topic, payload, properties in prepared:
+                info = client.publish(topic, payload, qos=1, properties=properties)
+                if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                    self._abandon([i.mid for i in infos])
+                    raise AdapterError(
+                        f"publish to {topic!r} on {self.where} failed: "
+                        f"{paho.error_string(info.rc)}; {len(infos)} earlier message(s) of "
+                        "the batch are unconfirmed (paho keeps them queued)")
+                infos.append(info)
         deadline = time.monotonic() + self._publish_timeout
         failures: list[str] = []
         unconfirmed: list[int] = []

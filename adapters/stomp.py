@@ -197,6 +197,9 @@ _ESCAPES: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\
 _NEEDS_ESCAPE = re.compile(r"[\\\r\n:]")
 #: Frames are written in chunks of about this size (one sendall() each).
 WRITE_CHUNK_BYTES: Final = 256 * 1024
+#: ...except the first chunk of a batch, written after this many frames so that the broker
+#: starts on the batch while the rest is encoded (0: no early first chunk).
+FIRST_CHUNK_FRAMES = 8
 
 #: Why a method that waits for the broker refuses to run on the delivery (receiver) thread.
 ON_DELIVERY_THREAD: Final = (
@@ -1322,13 +1325,14 @@ class StompAdapter:
                 # never straddle a chunk, so other threads' frames cannot interleave inside one.
                 chunk: list[bytes] = []
                 size = 0
+                early = FIRST_CHUNK_FRAMES if len(frames) > 2 * FIRST_CHUNK_FRAMES else 0
                 for destination, body, headers in frames:
                     encoded = _encode_send(destination, body, headers)
                     chunk.append(encoded)
                     size += len(encoded)
-                    if size >= WRITE_CHUNK_BYTES:
+                    if size >= WRITE_CHUNK_BYTES or len(chunk) == early:
                         transport.send(b"".join(chunk))
-                        chunk, size = [], 0
+                        chunk, size, early = [], 0, 0
                 if chunk:
                     transport.send(b"".join(chunk))
             else:

@@ -320,3 +320,57 @@ def test_transaction_ids_released_when_commit_fails_confirmed_when_it_succeeds(s
 def test_pending_timeout_option_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="pending-timeout-ms"):
         make_guard(tmp_path, plugins={"duplicate_detection": {"pending-timeout-ms": 5}})
+
+
+def test_batch_confirms_the_digests_it_reserved(setup) -> None:
+    guard, _, producer = setup
+    plugin = guard.plugins.get_plugin("duplicate_detection")
+    assert producer.send("q", b"", duplicate_id="dup").sent
+    results = producer.send_batch([producer.message("q", b"", duplicate_id=dup)
+                                   for dup in ("x", "y", "dup", "z")])
+    assert [r.sent for r in results] == [True, True, False, True]
+    # Settled sends took their digests from the batch's memo; the duplicate left none.
+    assert plugin._reserved_digests == {}
+    guard.close()
+    for dup in ("x", "y", "z", "dup"):
+        assert outcome(guard, "q", dup) is RingOutcome.DUPLICATE
+
+
+def test_confirmations_wake_the_flusher_once_and_again_after_a_flush() -> None:
+    from plugins.duplicate_detection import _Confirmations
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, list[bytes]]] = []
+
+        def ring_confirm(self, name: str, ids: list[bytes]) -> None:
+            self.calls.append((name, list(ids)))
+
+    store = Recorder()
+    confirmations = _Confirmations(flush_ms=30)
+    wakes = 0
+    set_wake = confirmations._wake.set
+
+    def counting_set() -> None:
+        nonlocal wakes
+        wakes += 1
+        set_wake()
+
+    confirmations._wake.set = counting_set  # type: ignore[method-assign]
+    try:
+        digests = [bytes([i]) * 8 for i in range(50)]
+        for digest in digests:
+            confirmations.owe(store, "q", digest)  # type: ignore[arg-type]
+        assert wakes == 1
+        deadline = time.monotonic() + 5
+        while not store.calls and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert store.calls == [("q", digests)]
+        # Owed after that flush: the flusher is woken again, nothing is left behind.
+        confirmations.owe(store, "r", b"\x07" * 8)  # type: ignore[arg-type]
+        while len(store.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert store.calls[1:] == [("r", [b"\x07" * 8])] and wakes == 2
+    finally:
+        confirmations.stop()
+    assert len(store.calls) == 2

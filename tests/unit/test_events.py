@@ -81,3 +81,30 @@ def test_node_id_is_sanitised_in_file_name(tmp_path: Path) -> None:
     with EventLog(tmp_path, node_id="../evil/name") as log:
         log.emit(EventType.SENT)
     assert [p.name for p in tmp_path.iterdir()] == ["events-.._evil_name.jsonl"]
+
+
+def test_emit_many_writes_the_records_emit_writes(tmp_path: Path) -> None:
+    messages = [Message("orders", b"x", message_id="m1", duplicate_id="d1", producer_id="p",
+                        sequence=3, expiration=99, delivery_count=2, broker_message_id="b1"),
+                Message("other", b"y", message_id="m2")]
+    with EventLog(tmp_path / "one", node_id="n1") as log:
+        for message in messages:
+            log.emit(EventType.SENT, message)
+    with EventLog(tmp_path / "many", node_id="n1") as log:
+        log.emit_many(EventType.SENT, messages)
+    one, many = list(read_events(tmp_path / "one")), list(read_events(tmp_path / "many"))
+    assert len(many) == 2
+    assert len({event["ts"] for event in many}) == 1  # one timestamp for the batch
+    for event in one + many:
+        event.pop("ts")
+    assert many == one
+    assert many[0]["broker_message_id"] == "b1" and "duplicate_id" not in many[1]
+
+
+def test_emit_many_in_sync_mode_is_written_before_it_returns(tmp_path: Path) -> None:
+    log = EventLog(tmp_path, node_id="n", sync=True, flush_interval_ms=60_000)
+    try:
+        log.emit_many(EventType.SENT, [Message("a", message_id=str(i)) for i in range(3)])
+        assert [e["message_id"] for e in read_events(tmp_path)] == ["0", "1", "2"]
+    finally:
+        log.close()
