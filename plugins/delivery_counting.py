@@ -22,6 +22,14 @@ on brokers that have no delivery count of their own:
   handling the max-th delivery, e.g. a message that crashes the process) is
   dead-lettered without calling the handler.
 
+* A count outlives its message's settlement by ``settled-count-grace-ms`` (default
+  5 min): acks are not confirmed, and when one is lost (the guard or the broker died
+  before the broker had it) the broker redelivers a message the guard had already
+  dead-lettered or acked. That delivery counts on from the settled count, so it goes
+  to the dead-letter path again (a second copy there: a duplicate, never a loss)
+  instead of reaching the handler once more. The broker must keep its ``redelivered``
+  flag across its own restarts (ActiveMQ Classic: ``persistJMSRedelivered``).
+
 Cost: a first delivery (the broker says it is not a redelivery) is counted as 1
 without a store round trip; the store is written only when a delivery fails or
 is a redelivery, so a healthy stream pays nothing. That is exact because a
@@ -54,6 +62,11 @@ class DeliveryCountingOptions(PluginOptions):
 
     #: Longest failure reason copied into the dead letter's header (characters).
     max_reason_length: int = Field(500, ge=16, le=8192)
+    #: How long the store keeps a count after its message was settled (ms). Acks are not
+    #: confirmed by the broker: when one is lost (this process or the broker dies first),
+    #: the redelivery must count on from there, or a dead-lettered message would reach its
+    #: handler again. Cover the longest restart plus redelivery you expect.
+    settled_count_grace_ms: int = Field(300_000, ge=0, le=7 * 24 * 3600 * 1000)
 
 
 def redelivery_delay(settings: AddressSettings, delivery_count: int,
@@ -110,7 +123,10 @@ class DeliveryCountingPlugin:
             # died or lost its connection while handling it), so this is at least
             # the second one.
             count = ctx.store.delivery_count_incr(queue, message.message_id)
-        count = max(count, (prior or 0) + 1, ctx.native_delivery_count or 0)
+        # A copy made for a delayed redelivery carries the deliveries before it (``prior``);
+        # redelivered by the broker, the copy itself was delivered before too.
+        floor = (prior or 0) + (2 if ctx.redelivered and prior is not None else 1)
+        count = max(count, floor, ctx.native_delivery_count or 0)
         message.delivery_count = count
         settings = ctx.settings
         if not unlimited(settings) and count > settings.max_delivery_attempts:
@@ -140,9 +156,14 @@ class DeliveryCountingPlugin:
     @hookimpl
     def message_acknowledged(self, message: Message, ctx: HookContext,
                              reason: AckReason) -> None:
-        # A count exists only for deliveries that failed or were redeliveries.
-        if message.delivery_count > 1 or reason is not AckReason.NORMAL:
-            ctx.store.delivery_count_clear(ctx.queue or message.address, message.message_id)
+        # A count exists only for deliveries that failed or were redeliveries (a redelivery
+        # another plugin settled before this one counted it, e.g. a suppressed duplicate,
+        # may have one from earlier deliveries too).
+        if (message.delivery_count > 1 or reason is not AckReason.NORMAL or ctx.redelivered
+                or PRIOR_DELIVERIES_HEADER in message.headers):
+            # Settled, not cleared: see ``settled_count_grace_ms``.
+            ctx.store.delivery_count_settle(ctx.queue or message.address, [message.message_id],
+                                            self.options.settled_count_grace_ms)
 
     # -- dead letters --------------------------------------------------------------------
 

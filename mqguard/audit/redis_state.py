@@ -237,6 +237,8 @@ def _read_counts(client: Any, key: bytes, namespace: str) -> Iterator[tuple[Any,
             count = int(value)
         except ValueError:
             count = None  # not ours; reported as a null count
+        if count is not None and count < 0:
+            continue  # settled, kept for its grace period (mqguard.stores.redis): not live
         yield ("count", queue, count, None, _text(field), None, None)
 
 

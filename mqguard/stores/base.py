@@ -182,11 +182,22 @@ class Store(Protocol):
         ...
 
     def delivery_count_get(self, queue: str, message_id: str) -> int:
-        """Deliveries recorded so far (0 when none)."""
+        """Deliveries recorded so far (0 when none; a settled count still counts)."""
+        ...
+
+    def delivery_count_settle(self, queue: str, message_ids: Sequence[str],
+                              grace_ms: int) -> None:
+        """The messages reached their fate: forget their counts after ``grace_ms``.
+
+        Until then a redelivery (:meth:`delivery_count_incr`) goes on counting from the
+        settled count, as the ack that settled it may never reach the broker. Each call also
+        forgets counts whose grace has passed (the store's clock), so counts settled by a
+        process that died are forgotten all the same. Ids without a count are ignored.
+        """
         ...
 
     def delivery_count_clear(self, queue: str, message_id: str) -> None:
-        """Forget the count (the message reached a terminal fate)."""
+        """Forget the count now."""
         ...
 
     # -- scheduled items (redeliveries) --------------------------------------------

@@ -105,6 +105,10 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._rings: dict[str, _Ring] = {}
         self._counts: dict[tuple[str, str], int] = {}
+        # Settled counts waiting out their grace: key -> end of it (monotonic seconds), in
+        # settling order (a later settle moves the key to the end; ends only grow with it,
+        # as the grace is the caller's constant in practice, so the oldest come first).
+        self._settled: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._scheduled: dict[str, dict[str, ScheduledItem]] = {}
         # Least recently marked first: an LRU bound, and roughly expiry order too.
         self._audits: OrderedDict[tuple[str, str], _Audit] = OrderedDict()
@@ -285,14 +289,34 @@ class MemoryStore:
         with self._lock:
             count = self._counts.get(key, 0) + 1
             self._counts[key] = count
+            self._settled.pop(key, None)  # a redelivery after all: counting goes on
             return count
 
     def delivery_count_get(self, queue: str, message_id: str) -> int:
         return self._counts.get((queue, message_id), 0)
 
+    def delivery_count_settle(self, queue: str, message_ids: Sequence[str],
+                              grace_ms: int) -> None:
+        now = time.monotonic()
+        end = now + max(0, grace_ms) / 1000
+        with self._lock:
+            settled, counts = self._settled, self._counts
+            for message_id in message_ids:
+                key = (queue, message_id)
+                if key in counts:
+                    settled[key] = end
+                    settled.move_to_end(key)
+            while settled:
+                key, due = next(iter(settled.items()))
+                if due > now:
+                    break
+                del settled[key]
+                counts.pop(key, None)
+
     def delivery_count_clear(self, queue: str, message_id: str) -> None:
         with self._lock:
             self._counts.pop((queue, message_id), None)
+            self._settled.pop((queue, message_id), None)
 
     # -- scheduled items ---------------------------------------------------------
 

@@ -22,6 +22,8 @@ key                         type     content
 ``mqg:{T}:ring:ids``        list     the ids, oldest first (a FIFO: push newest, pop oldest)
 ``mqg:{T}:ring:m:<i>``      hash     membership shard ``i``: field = id, value ``1``
 ``mqg:{T}:deliveries``      hash     delivery counts: field = message id, value = count
+                                     (negated once settled, for the grace period)
+``mqg:{T}:settled``         zset     settled message id -> end of its grace (epoch ms)
 ``mqg:{T}:sched:due``       zset     scheduled item id -> due time (epoch ms)
 ``mqg:{T}:sched:data``      hash     scheduled item id -> payload
 ``mqg:{T}:audit:meta:<P>``  hash     audit window of producer ``P``: ``w`` (size), ``h``
@@ -490,6 +492,48 @@ redis.call('UNLINK', meta, fifo)
 return 1
 """
 
+# Delivery counts: ``<ns>:{Q}:deliveries`` maps message id -> count; a *settled* count (the
+# message reached its fate) is kept negated for a grace period, with its due time in the
+# ``settled`` zset, because the ack that settled it is not confirmed by the broker:
+# when it is lost (the guard or the broker dies first), the redelivery must go on counting
+# from there, not from zero. Any settle purges (up to 256) counts whose grace has passed, so
+# nothing is left behind when the process that settled them dies.
+# KEYS: counts hash, settled zset. ARGV: message id. Returns the new count.
+_COUNT_INCR: Final = """
+local n = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') or 0
+if n < 0 then
+  n = -n
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+n = n + 1
+redis.call('HSET', KEYS[1], ARGV[1], n)
+return n
+"""
+
+# KEYS: counts hash, settled zset. ARGV: grace ms, message id... Time from the server (TIME):
+# scripts are replicated by effects, which makes TIME legal before a write.
+_COUNT_SETTLE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = now + tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local n = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0') or 0
+  if n > 0 then
+    redis.call('HSET', KEYS[1], ARGV[i], -n)
+    redis.call('ZADD', KEYS[2], due, ARGV[i])
+  end
+end
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 256)
+for _, id in ipairs(old) do
+  local n = tonumber(redis.call('HGET', KEYS[1], id) or '0') or 0
+  if n <= 0 then
+    redis.call('HDEL', KEYS[1], id)
+  end
+  redis.call('ZREM', KEYS[2], id)
+end
+return #old
+"""
+
 # KEYS: due zset, data hash. ARGV: item id, payload, due ms.
 _SCHEDULE_ADD: Final = """
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
@@ -849,6 +893,8 @@ class RedisStore:
         self._s_stats: Script = register(_STATS)
         self._s_resize: Script = register(_RESIZE)
         self._s_clear: Script = register(_CLEAR)
+        self._s_count_incr: Script = register(_COUNT_INCR)
+        self._s_count_settle: Script = register(_COUNT_SETTLE)
         self._s_schedule_add: Script = register(_SCHEDULE_ADD)
         self._s_schedule_claim: Script = register(_SCHEDULE_CLAIM)
         self._s_schedule_remove: Script = register(_SCHEDULE_REMOVE)
@@ -929,6 +975,9 @@ class RedisStore:
 
     def _ring_keys(self, name: str) -> list[str]:
         return [self._key(name, "ring"), self._key(name, "ring:ids")]
+
+    def _count_keys(self, queue: str) -> list[str]:
+        return [self._key(queue, "deliveries"), self._key(queue, "settled")]
 
     def _sched_keys(self, queue: str) -> list[str]:
         return [self._key(queue, "sched:due"), self._key(queue, "sched:data")]
@@ -1051,20 +1100,37 @@ class RedisStore:
     # -- delivery counts -------------------------------------------------------------------
 
     def delivery_count_incr(self, queue: str, message_id: str) -> int:
-        key, field = self._key(queue, "deliveries"), _text(message_id)
+        keys, args = self._count_keys(queue), [_text(message_id)]
         return int(self._call("delivery_count_incr",
-                              lambda: self._client.hincrby(key, field, 1), idempotent=False))
+                              lambda: self._s_count_incr(keys=keys, args=args),
+                              idempotent=False))
 
     def delivery_count_get(self, queue: str, message_id: str) -> int:
         key, field = self._key(queue, "deliveries"), _text(message_id)
         value = self._call("delivery_count_get", lambda: self._client.hget(key, field),
                            idempotent=True)
-        return int(value) if value is not None else 0
+        return abs(int(value)) if value is not None else 0
+
+    def delivery_count_settle(self, queue: str, message_ids: Sequence[str],
+                              grace_ms: int) -> None:
+        if not message_ids:
+            return
+        keys = self._count_keys(queue)
+        args: list[bytes | int] = [max(0, int(grace_ms)), *map(_text, message_ids)]
+        self._call("delivery_count_settle",
+                   lambda: self._s_count_settle(keys=keys, args=args), idempotent=True)
 
     def delivery_count_clear(self, queue: str, message_id: str) -> None:
         key, field = self._key(queue, "deliveries"), _text(message_id)
-        self._call("delivery_count_clear", lambda: self._client.hdel(key, field),
-                   idempotent=True)
+        settled = self._key(queue, "settled")
+
+        def clear() -> None:
+            pipe = self._client.pipeline(transaction=not self._cluster)
+            pipe.hdel(key, field)
+            pipe.zrem(settled, field)
+            pipe.execute()
+
+        self._call("delivery_count_clear", clear, idempotent=True)
 
     # -- scheduled items -------------------------------------------------------------------
 

@@ -402,6 +402,43 @@ def test_delivery_counts(store: Store) -> None:
     assert store.delivery_count_incr("q", "m1") == 1
 
 
+def test_settled_count_outlives_its_message_for_the_grace(store: Store) -> None:
+    for _ in range(3):
+        store.delivery_count_incr("q", "m1")
+    store.delivery_count_incr("q", "m2")
+    store.delivery_count_settle("q", ["m1", "never-counted"], 60_000)
+    assert store.delivery_count_get("q", "m1") == 3  # kept: its ack may still be lost
+    assert store.delivery_count_get("q", "never-counted") == 0
+    # The ack was lost: the broker redelivers, and counting goes on from the settled count.
+    assert store.delivery_count_incr("q", "m1") == 4
+    store.delivery_count_settle("q", ["m1"], 0)
+    assert store.delivery_count_get("q", "m1") == 0  # no grace: forgotten at once
+    assert store.delivery_count_get("q", "m2") == 1  # never settled: untouched
+    store.delivery_count_settle("q", [], 0)
+
+
+def test_settling_forgets_counts_whose_grace_passed(store: Store) -> None:
+    # Counts settled by a process that died are forgotten by the next settle on the queue.
+    for message_id in ("a", "b", "c"):
+        store.delivery_count_incr("q", message_id)
+    store.delivery_count_settle("q", ["a"], 1)
+    store.delivery_count_settle("q", ["b"], 60_000)
+    time.sleep(0.05)
+    store.delivery_count_settle("q", ["c"], 60_000)
+    assert store.delivery_count_get("q", "a") == 0
+    assert store.delivery_count_get("q", "b") == 1
+    assert store.delivery_count_get("q", "c") == 1
+    # A redelivery takes a count out of its grace: a later purge leaves it alone.
+    store.delivery_count_settle("q", ["b"], 1)
+    assert store.delivery_count_incr("q", "b") == 2
+    time.sleep(0.05)
+    store.delivery_count_settle("q", ["c"], 60_000)
+    assert store.delivery_count_get("q", "b") == 2
+    store.delivery_count_clear("q", "c")
+    assert store.delivery_count_get("q", "c") == 0
+    assert store.delivery_count_incr("q", "c") == 1
+
+
 @pytest.mark.parametrize("message_id", ["", "ID:host-1:2:3", "{x}", "ünï ✓", "a\x00b"])
 def test_delivery_counts_awkward_message_ids(store: Store, message_id: str) -> None:
     assert store.delivery_count_incr("q", message_id) == 1

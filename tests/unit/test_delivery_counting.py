@@ -145,7 +145,48 @@ def test_poison_reaches_the_dla_after_exactly_max_deliveries(guard: Guard,
     assert kinds.count("dead_lettered") == 1
     (acked,) = [e for e in events(guard) if e["type"] == "acked"]
     assert acked["ack_reason"] == "killed"
-    assert guard.store.delivery_count_get("q", sent.message_id) == 0  # cleared at the end
+    # Settled, kept for the grace period: the KILLED ack is not confirmed by the broker.
+    assert guard.store.delivery_count_get("q", sent.message_id) == 3
+
+
+def test_redelivery_after_a_lost_ack_never_reaches_the_handler_again(guard: Guard) -> None:
+    # The guard dead-lettered a poison message and acked it, then died before the broker had
+    # the ack: the broker redelivers the message. (Measured in the fault suite: with the count
+    # cleared at the ack, the handler ran a 4th time with max-delivery-attempts 3.)
+    adapter = LoopbackAdapter()
+    sent = GuardedProducer(adapter, guard).send("q", b"poison").message
+    calls: list[int] = []
+
+    def handler(message: Message) -> None:
+        calls.append(message.delivery_count)
+        raise Nack("always fails")
+
+    with GuardedConsumer(adapter, "q", handler, guard):
+        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
+    assert calls == [1, 2, 3]
+    adapter.loop.enqueue(sent, redeliveries=1)  # the ack that never arrived
+    with GuardedConsumer(adapter, "q", handler, guard):
+        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 2)
+    assert calls == [1, 2, 3]
+    second = adapter.loop.drain("DLA")[1]
+    assert "delivery 4 exceeds max-delivery-attempts (3)" in second.headers[MOVE_REASON_HEADER]
+
+
+def test_redelivered_copy_counts_its_own_earlier_delivery(guard: Guard) -> None:
+    # A delayed-redelivery copy carries the 2 deliveries before it; the broker redelivering
+    # the copy means it was delivered once already: this is delivery 4 even with no count
+    # in the store (flushed, or settled and forgotten).
+    adapter = LoopbackAdapter()
+    sent = GuardedProducer(adapter, guard).send("q", b"poison").message
+    adapter.loop.drain("q")
+    sent.headers[PRIOR_DELIVERIES_HEADER] = "2"
+    adapter.loop.enqueue(sent, redeliveries=1)
+    called: list[Message] = []
+    with GuardedConsumer(adapter, "q", called.append, guard):
+        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
+    assert called == []
+    (dead,) = adapter.loop.drain("DLA")
+    assert "delivery 4 exceeds max-delivery-attempts (3)" in dead.headers[MOVE_REASON_HEADER]
 
 
 def test_no_dead_letter_address_drops_with_a_warning(tmp_path: Path,
