@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,15 +66,27 @@ MAX_PART = 256
 _CONTINUE = Verdict(Action.CONTINUE)
 
 
-def _stamp_ids(messages: Sequence[Message]) -> None:
-    """Give the messages without one an mqguard id, from one ``os.urandom`` call.
+#: The generator of a batch's mqguard ids (see :func:`_stamp_ids`): seeded from
+#: ``os.urandom`` (Random() does that), and again in a forked child, whose ids must differ
+#: from its parent's.
+_ID_BITS = random.Random()
+os.register_at_fork(after_in_child=lambda: _ID_BITS.seed(os.urandom(32)))
 
-    Same ids as :func:`~mqguard.message.new_message_id` (128 random bits, 32 hex
-    characters), one system call per part instead of one per message.
+
+def _stamp_ids(messages: Sequence[Message]) -> None:
+    """Give the messages without one an mqguard id, 128 bits each from one call.
+
+    Same form as :func:`~mqguard.message.new_message_id` (32 hex characters). The bits
+    come from a per-process Mersenne Twister seeded with 256 random bits rather than
+    from ``os.urandom``: ids must be unique, not unpredictable (any client can write the
+    header), and ``os.urandom`` releases the GIL, which on a busy machine let another
+    thread in and stalled the send path for up to milliseconds (RabbitMQ produce at load
+    9: a batch's ids took 216-284 us on average, 2.3-4.5 ms at worst, against 47-60 us).
     """
     missing = [message for message in messages if not message.message_id]
     if missing:
-        pool = os.urandom(16 * len(missing)).hex()
+        count = len(missing)
+        pool = _ID_BITS.getrandbits(128 * count).to_bytes(16 * count, "big").hex()
         for index, message in enumerate(missing):
             message.message_id = pool[32 * index:32 * index + 32]
 

@@ -157,3 +157,26 @@ def test_disabled_plugin_is_not_registered(tmp_path) -> None:
         assert g.plugins.is_blocked("logging")
     with pytest.raises(ConfigError, match="unknown plugin"):
         Guard(parse_config({"mqguard": {"disabled-plugins": ["nope"]}}))
+
+
+def test_batch_ids_are_unique_and_differ_in_a_forked_child() -> None:
+    import multiprocessing
+
+    from mqguard.pipeline import _stamp_ids
+
+    def stamp(count: int) -> list[str]:
+        messages = [Message("q") for _ in range(count)]
+        _stamp_ids(messages)
+        return [message.message_id for message in messages]
+
+    ids = stamp(1000)
+    assert len(set(ids)) == 1000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    # A child forked now would draw the parent's next ids without the reseed at fork.
+    context = multiprocessing.get_context("fork")
+    parent_end, child_end = context.Pipe()
+    child = context.Process(target=lambda: child_end.send(stamp(10)))
+    child.start()
+    child_ids = parent_end.recv()
+    child.join(10)
+    assert set(child_ids).isdisjoint(stamp(10))

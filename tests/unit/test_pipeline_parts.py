@@ -132,7 +132,7 @@ def test_batch_is_written_in_growing_parts_before_the_rest_is_decided(
     assert recorder.batches == [(size, True) for size in _part_sizes(100)]
     assert all(r.sent for r in results)
     ids = [r.message.message_id for r in results]
-    assert len(set(ids)) == 100  # stamped per part from one urandom call: still unique
+    assert len(set(ids)) == 100  # stamped per part from one draw: still unique
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     assert [m.body for m in parts.loop.drain("q")] == [b"%d" % i for i in range(100)]
     assert recorder.after == [b"%d" % i for i in range(100)]
