@@ -86,6 +86,11 @@ class _Timing:
         self.counts[bisect_left(self.buckets, value)] += 1
         self.total += value
 
+    def observe_many(self, value: float, count: int) -> None:
+        """``count`` observations of ``value`` (each frame's share of a batch's time)."""
+        self.counts[bisect_left(self.buckets, value)] += count
+        self.total += value * count
+
 
 class _Histogram:
     """A histogram with labels kept as plain numbers, like :class:`_Tally` (one observation

@@ -46,7 +46,8 @@ from mqguard.adapters.stomp import BROKER_MESSAGE_HEADERS, detect_broker, send_h
 from mqguard.context import HookContext
 from mqguard.errors import AdapterError, Nack
 from mqguard.message import Message, new_message_id, now_ms, parse_wire_int
-from mqguard.pipeline import TransactionState
+from mqguard.pipeline import SendResult, TransactionState
+from mqguard.pipeline import _stamp_ids as stamp_ids
 from mqguard.sidecar.frames import (
     CLIENT_COMMANDS,
     HEARTBEAT,
@@ -55,12 +56,13 @@ from mqguard.sidecar.frames import (
     FrameDecoder,
     FrameError,
     encode,
+    encode_bodiless,
     wire_of,
 )
 from mqguard.sidecar.outbox import Outbox
 from mqguard.sidecar.receipts import CHAIN_RECEIPT_PREFIX, ReceiptChain
 from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
-from mqguard.verdict import Action
+from mqguard.verdict import Action, Verdict
 
 if TYPE_CHECKING:
     from mqguard.sidecar.metrics import Count
@@ -76,6 +78,11 @@ _READ_CHUNK: Final = 256 * 1024
 #: Bytes not yet on the wire to a peer above which a pump waits for that peer to read.
 _BACKLOG: Final = 1 << 20
 _session_ids = itertools.count(1)
+#: Verdicts under which a SEND goes to the broker (the message or its moved copy).
+_FORWARDED: Final = (Action.CONTINUE, Action.MOVE)
+#: What a SEND's headers say: destination, receipt, transaction, and the message's own
+#: headers (first occurrence of each name; framing headers left out).
+_SendFields = tuple[str | None, str | None, str | None, dict[str, str]]
 
 
 def address_of(destination: str) -> str:
@@ -315,7 +322,7 @@ class ProxySession:
         self.leg = UpstreamLeg(loop, self._write_broker, broker=self.broker,
                                version=self.version,
                                native_expiry=self.sidecar.config.native_expiry,
-                               label=self.label)
+                               label=self.label, write_wire=self._write_broker_bytes)
         log.info("session %s: %s connected through to %s (STOMP %s)", self.label, self.peer,
                  self.broker, self.version)
         self._write_client(frame)
@@ -363,13 +370,10 @@ class ProxySession:
         out = self._broker_out
         assert out is not None
         try:
-            while (item := await source.next()) is not None:
-                if item is HEARTBEAT:
-                    self._write_broker_bytes(b"\n")
-                    continue
-                assert isinstance(item, Frame)
-                self.metrics.frame("client", item.command)
-                self._on_client_frame(item)
+            # Everything one read completed is handled in one go (a pipelining producer's
+            # SENDs are then decided as one batch: see _on_client_items).
+            while (items := await source.batch()) is not None:
+                self._on_client_items(items)
                 if self._client_done:
                     return "disconnect"
                 if out.buffered() > _BACKLOG:
@@ -385,20 +389,64 @@ class ProxySession:
             return "client-lost"
         return "client-closed"
 
+    def _on_client_items(self, items: list[Frame | object]) -> None:
+        """Handle the frames of one read in order; consecutive plain SENDs as one batch.
+
+        A plain SEND (outside a transaction, with a destination) joins the SENDs right
+        before it, and the run is decided together (:meth:`_on_sends`: one duplicate-ID
+        reservation per address instead of one per message). Anything else is handled
+        on its own, after the run before it. Stops after a frame that ended the client's
+        side (DISCONNECT, an ERROR); SessionEnded propagates.
+        """
+        frame_count = self.metrics.frame
+        count = len(items)
+        index = 0
+        while index < count:
+            item = items[index]
+            index += 1
+            if item is HEARTBEAT:
+                self._write_broker_bytes(b"\n")
+                continue
+            assert isinstance(item, Frame)
+            frame_count("client", item.command)
+            if item.command != "SEND":
+                self._on_client_frame(item)
+            else:
+                fields = _send_fields(item)
+                if fields[2] is not None or not fields[0]:
+                    self._on_send(item, fields)  # in a transaction, or an error
+                else:
+                    run = [(item, fields)]
+                    while index < count:
+                        ahead = items[index]
+                        if ahead is HEARTBEAT or ahead.command != "SEND":  # type: ignore[attr-defined]
+                            break
+                        ahead_fields = _send_fields(ahead)  # type: ignore[arg-type]
+                        if ahead_fields[2] is not None or not ahead_fields[0]:
+                            break
+                        index += 1
+                        frame_count("client", "SEND")
+                        run.append((ahead, ahead_fields))  # type: ignore[arg-type]
+                    self._on_sends(run)
+            if self._client_done:
+                return
+
     async def _pump_broker(self) -> str:
         source = self._broker_source
         out = self._client_out
         assert source is not None
+        frame_count = self.metrics.frame
         try:
-            while (item := await source.next()) is not None:
-                if item is HEARTBEAT:
-                    if not self._ending:
-                        self._write_client_bytes(b"\n")
-                    continue
-                assert isinstance(item, Frame)
-                self.metrics.frame("broker", item.command)
-                if self._on_broker_frame(item):
-                    return "broker-error"
+            while (items := await source.batch()) is not None:
+                for item in items:
+                    if item is HEARTBEAT:
+                        if not self._ending:
+                            self._write_client_bytes(b"\n")
+                        continue
+                    assert isinstance(item, Frame)
+                    frame_count("broker", item.command)
+                    if self._on_broker_frame(item):
+                        return "broker-error"
                 if out.buffered() > _BACKLOG:
                     await self._drain(out)
         except FrameError as exc:
@@ -447,7 +495,8 @@ class ProxySession:
             self._broker_out.write(data)
 
     def _client_receipt(self, receipt_id: str) -> None:
-        self._write_client(Frame("RECEIPT", [("receipt-id", receipt_id)]))
+        self._client_out.write(encode_bodiless("RECEIPT", [("receipt-id", receipt_id)],
+                                               self.version))
 
     def _truncated_frame(self) -> bool:
         """At the client's end of stream: True (and an ERROR) if it ended inside a frame.
@@ -547,27 +596,99 @@ class ProxySession:
             frame.set("receipt", self._chain.expect(receipt))
         self._write_broker(frame)
 
-    def _on_send(self, frame: Frame) -> None:
-        destination = frame.get("destination")
-        receipt = frame.get("receipt")
+    def _on_send(self, frame: Frame, fields: _SendFields) -> None:
+        """One SEND inside a transaction (or a malformed one): decided on its own."""
+        destination, receipt, tx_id, headers = fields
         if not destination:
             self._fail("SEND without a destination header", receipt=receipt)
-        tx_id = frame.get("transaction")
         transaction = None
         if tx_id is not None:
             transaction = self._transactions.get(tx_id)
             if transaction is None:
                 self._fail(f"transaction {tx_id!r} was not begun", receipt=receipt)
         assert destination is not None and self.leg is not None
-        message = self._message_of_send(frame, destination)
+        message = self._message_of_send(frame.body, destination, headers)
         ctx = self.guard.context(message.address, self.leg.capabilities, role="sidecar",
                                  transaction=tx_id, broker=self.broker)
         ctx.sender = self._producer_id  # one connection: its receipts come back in order
         started = time.perf_counter()
         verdict = self.guard.decide_send(message, ctx)
         self.metrics.send_guard.observe(time.perf_counter() - started)
+        self.metrics.message("send", verdict.action.value)
+        self._settle_send(frame, destination, receipt, self.guard._accepted(message, verdict),
+                          ctx, verdict, transaction)
+
+    def _on_sends(self, run: list[tuple[Frame, _SendFields]]) -> None:
+        """Consecutive SENDs outside transactions, decided as one batch.
+
+        As the wrappers' ``send_batch``: ``before_send`` per message (``ctx.batch``), up to
+        the first REJECT, then one ``before_send_batch`` over the accepted ones (duplicate
+        detection: one reservation per address instead of one per message). Then each is
+        settled in order exactly as a SEND on its own would be. At a REJECT the session
+        fails and nothing after it is forwarded: what the batch reserved for the later
+        ones is given back (``send_failed``).
+        """
+        guard, leg = self.guard, self.leg
+        assert leg is not None
+        started = time.perf_counter()
+        messages = [self._message_of_send(frame.body, fields[0], fields[3])  # type: ignore[arg-type]
+                    for frame, fields in run]
+        stamp_ids(messages)
+        contexts: dict[str, HookContext] = {}
+        results: list[SendResult] = []
+        # Per accepted message: its position in the run, what goes to the broker, its
+        # context, and the SendResult that before_send_batch's verdict lands in.
+        entries: dict[int, tuple[Message, HookContext, SendResult]] = {}
+        trackers: list[SendResult] = []
+        for position, message in enumerate(messages):
+            ctx = contexts.get(message.address)
+            if ctx is None:
+                ctx = guard.context(message.address, leg.capabilities, role="sidecar",
+                                    broker=self.broker)
+                ctx.sender = self._producer_id  # one connection: receipts come in order
+                ctx.batch = True
+                contexts[message.address] = ctx
+            verdict = guard.decide_send(message, ctx)
+            result = SendResult(message, verdict)
+            results.append(result)
+            if verdict.action is Action.REJECT:
+                break
+            accepted = guard._accepted(message, verdict)
+            if accepted is not None:
+                tracker = result
+                if accepted is not message:  # a moved copy: its batch verdict goes here
+                    tracker = SendResult(accepted, verdict)
+                    trackers.append(tracker)
+                entries[position] = (accepted, ctx, tracker)
+        if entries:
+            guard._decide_batch(leg, [(accepted, ctx) for accepted, ctx, _ in entries.values()],
+                                results + trackers)
+        decided = len(results)
+        self.metrics.send_guard.observe_many((time.perf_counter() - started) / decided,
+                                             decided)
+        for position, result in enumerate(results):
+            frame, (destination, receipt, _, _) = run[position]
+            entry = entries.get(position)
+            verdict = result.verdict if entry is None else entry[2].verdict
+            self.metrics.message("send", verdict.action.value)
+            if verdict.action is Action.REJECT:
+                failed = AdapterError("not sent: an earlier SEND on this connection was "
+                                      "rejected")
+                for later in range(position + 1, decided):
+                    later_entry = entries.get(later)
+                    if later_entry is not None and later_entry[2].verdict.action in _FORWARDED:
+                        guard.send_failed(later_entry[0], later_entry[1], failed)
+                self._fail(f"message rejected: {verdict.reason}"[:200], receipt=receipt)
+            accepted, ctx = (entry[0], entry[1]) if entry is not None else (None, None)
+            self._settle_send(frame, destination, receipt, accepted, ctx,  # type: ignore[arg-type]
+                              verdict, None)
+
+    def _settle_send(self, frame: Frame, destination: str, receipt: str | None,
+                     message: Message | None, ctx: HookContext, verdict: Verdict,
+                     transaction: _Transaction | None) -> None:
+        """Act on the verdict of one SEND: forward ``message`` (what the guard accepted:
+        the client's or its moved copy), answer the client locally, or fail."""
         action = verdict.action
-        self.metrics.message("send", action.value)
         if action is Action.REJECT:
             if transaction is not None:
                 # Artemis: the transaction becomes rollback-only; its COMMIT fails.
@@ -576,13 +697,11 @@ class ProxySession:
                 self._chain.local(receipt)
                 return
             self._fail(f"message rejected: {verdict.reason}"[:200], receipt=receipt)
-        if action is Action.DROP:
-            self._chain.local(receipt)  # the send "succeeds" for the client (Artemis)
+        if message is None or action not in _FORWARDED:
+            self._chain.local(receipt)  # DROP: the send "succeeds" for the client (Artemis)
             return
         if action is Action.MOVE and verdict.address:
-            moved = message.copy_for(verdict.address)
-            moved.message_id = message.message_id
-            message, destination = moved, _destination_of(verdict.address)
+            destination = _destination_of(verdict.address)
         if message.expiration:
             self.sidecar.watch_expiring(message.address)
         try:
@@ -595,26 +714,24 @@ class ProxySession:
         out = Frame("SEND", [("destination", destination)], frame.body)
         out.headers.extend(headers.items())
         if transaction is not None:
-            out.headers.append(("transaction", tx_id))  # type: ignore[arg-type]
+            out.headers.append(("transaction", transaction.state.transaction_id))
             transaction.state.messages.append(message)
             if receipt is not None:
                 out.headers.append(("receipt", self._chain.expect(receipt)))
         else:
             # A receipt of our own on every SEND: the "sent" event then means the broker
             # has the message, and an unconfirmed one is recorded as an unknown outcome.
+            guard = self.guard
+            sent = message
             out.headers.append(("receipt", self._chain.expect(
                 receipt,
-                on_done=lambda: self.guard.sent(message, ctx),
-                on_fail=lambda reason: self.guard.send_failed(
-                    message, ctx, AdapterError(reason)))))
+                on_done=lambda: guard.sent(sent, ctx),
+                on_fail=lambda reason: guard.send_failed(sent, ctx, AdapterError(reason)))))
         self._write_broker(out)
 
-    def _message_of_send(self, frame: Frame, destination: str) -> Message:
-        headers: dict[str, str] = {}
-        for key, value in frame.headers:
-            if key not in _FRAMING_SEND_HEADERS and key not in headers:
-                headers[key] = value
-        message = Message.from_wire(address_of(destination), frame.body, headers)
+    def _message_of_send(self, body: bytes, destination: str,
+                         headers: dict[str, str]) -> Message:
+        message = Message.from_wire(address_of(destination), body, headers)
         if message.producer_id is None:
             message.producer_id = self._producer_id
             message.sequence = next(self._sequence)
@@ -804,14 +921,22 @@ class ProxySession:
 
     def _on_message(self, frame: Frame) -> None:
         assert self.leg is not None
-        # One dict of the headers for every lookup below (each Frame.get scans the list).
-        headers = frame.header_dict()
+        # One pass over the headers: all of them (first occurrence wins) for the lookups
+        # below, and the message's own (without the broker's) for the guard.
+        headers: dict[str, str] = {}
+        own: dict[str, str] = {}
+        for key, value in frame.headers:
+            if key not in headers:
+                headers[key] = value
+                if key not in BROKER_MESSAGE_HEADERS:
+                    own[key] = value
         echoed = headers.get("receipt")
         if echoed is not None and echoed.startswith(CHAIN_RECEIPT_PREFIX):
             # RabbitMQ echoes a SEND's receipt header in the MESSAGE: it is the
             # sidecar's own id, meaningless to the consumer.
             frame.remove("receipt")
             del headers["receipt"]
+            own.pop("receipt", None)
         sub = self._subs.get(headers.get("subscription") or "")
         if sub is None or sub.browse:
             # Unknown: unsubscribed meanwhile (unacked, so the broker gets it back);
@@ -823,10 +948,8 @@ class ProxySession:
         if token is None:
             self._write_client(frame)  # nothing to settle with: relay as is
             return
-        message = Message.from_wire(
-            sub.queue, frame.body,
-            {k: v for k, v in headers.items() if k not in BROKER_MESSAGE_HEADERS},
-            broker_message_id=headers.get("message-id"))
+        message = Message.from_wire(sub.queue, frame.body, own,
+                                    broker_message_id=headers.get("message-id"))
         delivery = Delivery(message, sub.id, token,
                             redelivered=headers.get("redelivered") == "true",
                             native_delivery_count=_native_count(self.broker, sub, headers),
@@ -845,6 +968,25 @@ class ProxySession:
             return
         sub.pending[token] = (delivery, ctx)
         self._token_sub[token] = sub
+
+
+def _send_fields(frame: Frame) -> _SendFields:
+    """One pass over a SEND's headers (see :data:`_SendFields`); the first of a name wins."""
+    destination = receipt = transaction = None
+    headers: dict[str, str] = {}
+    for key, value in frame.headers:
+        if key == "destination":
+            if destination is None:
+                destination = value
+        elif key == "receipt":
+            if receipt is None:
+                receipt = value
+        elif key == "transaction":
+            if transaction is None:
+                transaction = value
+        elif key != "content-length" and key not in headers:
+            headers[key] = value
+    return destination, receipt, transaction, headers
 
 
 def _destination_of(address: str) -> str:
@@ -887,21 +1029,37 @@ class _FrameSource:
 
     async def next(self) -> Frame | object | None:
         """The next frame or HEARTBEAT; None at end of stream; FrameError when malformed."""
-        while not self._ready:
+        if not self._ready and not await self._fill():
+            return None
+        return self._ready.popleft()
+
+    async def batch(self) -> list[Frame | object] | None:
+        """Every frame (and HEARTBEAT) ready now, at least one; as :meth:`next` otherwise."""
+        ready = self._ready
+        if not ready and not await self._fill():
+            return None
+        items = list(ready)
+        ready.clear()
+        return items
+
+    async def _fill(self) -> bool:
+        """Read until something is ready; False at end of stream."""
+        ready = self._ready
+        while not ready:
             if self._error is not None:
                 raise self._error
             data = await self._reader.read(_READ_CHUNK)
             if not data:
-                return None
+                return False
             if self.after_read is not None:
                 self.after_read()
             self._counter.value += len(data)
             try:
-                self._ready.extend(_without_padding(self._decoder.feed(data)))
+                ready.extend(_without_padding(self._decoder.feed(data)))
             except FrameError as exc:
-                self._ready.extend(_without_padding(exc.frames))
+                ready.extend(_without_padding(exc.frames))
                 self._error = exc
-        return self._ready.popleft()
+        return True
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

@@ -28,7 +28,7 @@ from mqguard.adapters.stomp import BROKER_CAPABILITIES, StompAdapter, send_heade
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
 from mqguard.message import Message
-from mqguard.sidecar.frames import Frame
+from mqguard.sidecar.frames import Frame, encode_bodiless
 
 log = logging.getLogger("mqguard.sidecar.upstream")
 
@@ -46,10 +46,14 @@ class UpstreamLeg:
     name = "sidecar"
 
     def __init__(self, loop: asyncio.AbstractEventLoop, write: Callable[[Frame], None], *,
-                 broker: str, version: str, native_expiry: bool, label: str) -> None:
+                 broker: str, version: str, native_expiry: bool, label: str,
+                 write_wire: Callable[[bytes], None] | None = None) -> None:
         self._loop = loop
         #: Writes one frame to the broker; loop thread only.
         self._write = write
+        #: Writes encoded octets to the broker (loop thread only), or None: the ACKs and
+        #: NACKs settled on the loop thread are then encoded here (encode_bodiless).
+        self._write_wire = write_wire
         self.broker = broker
         self.version = version
         self._capabilities = BROKER_CAPABILITIES.get(broker, BROKER_CAPABILITIES["unknown"])
@@ -132,6 +136,12 @@ class UpstreamLeg:
             headers.append(("transaction", transaction))
         if extra:
             headers.extend(extra)
+        if self._write_wire is not None and threading.get_ident() == self._loop_thread:
+            # The common case, once per consumed message: written at once, no Frame.
+            if self._alive and token in self._open:
+                self._open.discard(token)
+                self._write_wire(encode_bodiless(command, headers, self.version))
+            return
         frame = Frame(command, headers)
 
         def write() -> None:

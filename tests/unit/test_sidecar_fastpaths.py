@@ -1,0 +1,75 @@
+"""The sidecar's per-message shortcuts give exactly what the general code gives."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqguard.sidecar.frames import (
+    CLIENT_COMMANDS,
+    SERVER_COMMANDS,
+    STOMP_VERSIONS,
+    Frame,
+    FrameDecoder,
+    FrameError,
+    encode,
+    encode_bodiless,
+)
+from mqguard.sidecar.metrics import SidecarMetrics
+
+# Names and values with every character STOMP treats specially, and some that it does not.
+_TEXT = st.text(alphabet=st.sampled_from("ab:\\\n\r\0é-_. 1"), max_size=8)
+_HEADERS = st.lists(st.tuples(_TEXT, _TEXT), max_size=4)
+
+
+@settings(max_examples=400, deadline=None)
+@given(command=st.sampled_from(sorted(CLIENT_COMMANDS | SERVER_COMMANDS)),
+       headers=_HEADERS, version=st.sampled_from(STOMP_VERSIONS))
+def test_encode_bodiless_is_encode(command: str, headers: list[tuple[str, str]],
+                                   version: str) -> None:
+    try:
+        expected: bytes | str = encode(Frame(command, list(headers)), version)
+    except FrameError as exc:
+        expected = exc.reason
+    try:
+        got: bytes | str = encode_bodiless(command, headers, version)
+    except FrameError as exc:
+        got = exc.reason
+    assert got == expected
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_an_activemq_ack_id_round_trips(version: str) -> None:
+    token = "ID:host-37451-1763768000000-1:1:1:1:123"
+    wire = encode_bodiless("ACK", [("id", token), ("subscription", "s\\1")], version)
+    assert b"\\c" in wire  # the colons are escaped, not passed raw
+    decoder = FrameDecoder(commands=CLIENT_COMMANDS, version=version)
+    (frame,) = decoder.feed(wire)
+    assert isinstance(frame, Frame)
+    assert frame.headers == [("id", token), ("subscription", "s\\1")]
+
+
+def test_removing_a_header_cuts_its_line_from_the_received_octets() -> None:
+    wire = (b"MESSAGE\nsubscription:1\nreceipt:mqguard-r-7\nmessage-id:m\n\n"
+            b"receipt:mqguard-r-7\n\0")
+    decoder = FrameDecoder(commands=SERVER_COMMANDS)
+    for _ in range(2):  # the second time from the cached line start
+        (frame,) = decoder.feed(wire)
+        assert isinstance(frame, Frame)
+        frame.remove("receipt")
+        assert frame.wire == (b"MESSAGE\nsubscription:1\nmessage-id:m\n\n"
+                              b"receipt:mqguard-r-7\n\0")  # the body keeps its text
+    for name in ("content-length", "a:b"):  # never cut from the octets
+        frame = Frame("MESSAGE", [(name, "1")], b"x", wire=b"MESSAGE\nx:1\n\nx\0")
+        frame.remove(name)
+        assert frame.wire is None
+
+
+def test_observe_many_counts_each_observation() -> None:
+    metrics = SidecarMetrics()
+    metrics.send_guard.observe_many(3e-5, 4)
+    metrics.send_guard.observe(3e-5)
+    text = metrics.render().decode()
+    assert 'mqguard_sidecar_guard_seconds_count{path="send"} 5.0' in text
+    assert 'mqguard_sidecar_guard_seconds_bucket{le="5e-05",path="send"} 5.0' in text
