@@ -10,7 +10,7 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,22 @@ def pump_until(adapter: LoopbackAdapter, done: Any, timeout: float = 5.0) -> Non
         time.sleep(0.005)
 
 
+def dead_letter_poison(adapter: LoopbackAdapter, guard: Guard
+                       ) -> tuple[Message, list[int], Callable[[Message], None]]:
+    """Send a message whose handler always fails and consume until it is dead-lettered;
+    returns it, the delivery counts its handler saw, and the handler."""
+    sent = GuardedProducer(adapter, guard).send("q", b"poison").message
+    counts: list[int] = []
+
+    def handler(message: Message) -> None:
+        counts.append(message.delivery_count)
+        raise Nack("always fails")
+
+    with GuardedConsumer(adapter, "q", handler, guard):
+        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
+    return sent, counts, handler
+
+
 # -- policy ------------------------------------------------------------------------------------
 
 def test_delay_follows_artemis_formula() -> None:
@@ -121,15 +137,7 @@ def test_plugin_options_are_validated(tmp_path: Path) -> None:
 def test_poison_reaches_the_dla_after_exactly_max_deliveries(guard: Guard,
                                                             caps: Capabilities) -> None:
     adapter = LoopbackAdapter(capabilities=caps)
-    sent = GuardedProducer(adapter, guard).send("q", b"poison").message
-    counts: list[int] = []
-
-    def handler(message: Message) -> None:
-        counts.append(message.delivery_count)
-        raise Nack("always fails")
-
-    with GuardedConsumer(adapter, "q", handler, guard):
-        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
+    sent, counts, _ = dead_letter_poison(adapter, guard)
     assert counts == [1, 2, 3]
     (dead,) = adapter.loop.drain("DLA")
     assert dead.headers[ORIG_ADDRESS_HEADER] == "q"
@@ -154,15 +162,7 @@ def test_redelivery_after_a_lost_ack_never_reaches_the_handler_again(guard: Guar
     # the ack: the broker redelivers the message. (Measured in the fault suite: with the count
     # cleared at the ack, the handler ran a 4th time with max-delivery-attempts 3.)
     adapter = LoopbackAdapter()
-    sent = GuardedProducer(adapter, guard).send("q", b"poison").message
-    calls: list[int] = []
-
-    def handler(message: Message) -> None:
-        calls.append(message.delivery_count)
-        raise Nack("always fails")
-
-    with GuardedConsumer(adapter, "q", handler, guard):
-        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
+    sent, calls, handler = dead_letter_poison(adapter, guard)
     assert calls == [1, 2, 3]
     adapter.loop.enqueue(sent, redeliveries=1)  # the ack that never arrived
     with GuardedConsumer(adapter, "q", handler, guard):
