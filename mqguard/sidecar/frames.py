@@ -261,6 +261,10 @@ def _unescape(text: str, version: str) -> str:
     slashes = text.count("\\")
     if not slashes:
         return text
+    if text.count("\\c") == slashes:
+        # Only escaped colons (ActiveMQ's message and ack ids): every backslash starts a
+        # "\c" (occurrences of it cannot overlap), so one replace is exact.
+        return text.replace("\\c", ":")
     if "\\\\" not in text:
         # No escaped backslash, so every backslash starts its own two-character escape and the
         # escapes cannot overlap: counting and replacing them in C is exact.
