@@ -46,6 +46,8 @@ class HookContext:
     #: client connection), or None. Sends of one sender succeed or fail in order, which
     #: lets duplicate detection drop a repeat of an id the same sender still has in flight.
     sender: str | None = None
+    #: Time (epoch ms) of the ``delivered`` event of this delivery, once written.
+    delivered_ts: int | None = None
 
     @property
     def store(self) -> Store:

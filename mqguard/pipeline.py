@@ -593,8 +593,12 @@ class Guard:
                 self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
                 return None
             # (delivery_count is among the message's own event fields)
+            # Its time is kept for the ``acked`` that ends a successful handling
+            # (``delivered_ts``): the audit pairs the two without sorting the log.
+            ctx.delivered_ts = now_ms()
             self.events.emit(EventType.DELIVERED, message, queue=queue,
-                             native_delivery_count=delivery.native_delivery_count)
+                             native_delivery_count=delivery.native_delivery_count,
+                             ts=ctx.delivered_ts)
             return ctx
         except Exception:
             # A plugin or the broker failed: leave the message unacknowledged so
@@ -621,9 +625,9 @@ class Guard:
                 return
             self._after_deliver.each(message=message, ctx=ctx, error=None)
             if settled:
-                self._acknowledged_elsewhere(delivery, ctx, AckReason.NORMAL)
+                self._acknowledged_elsewhere(delivery, ctx, AckReason.NORMAL, handled=True)
             else:
-                self._ack(adapter, delivery, ctx, AckReason.NORMAL)
+                self._ack(adapter, delivery, ctx, AckReason.NORMAL, handled=True)
         except Exception:
             log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
                           message.message_id, ctx.queue)
@@ -799,14 +803,19 @@ class Guard:
             observe(self.hook.message_expired, message=message, ctx=ctx, moved_to=verdict.address)
 
     def _ack(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-             reason: AckReason) -> None:
+             reason: AckReason, *, handled: bool = False) -> None:
         adapter.ack(delivery)
-        self._acknowledged_elsewhere(delivery, ctx, reason)
+        self._acknowledged_elsewhere(delivery, ctx, reason, handled=handled)
 
     def _acknowledged_elsewhere(self, delivery: Delivery, ctx: HookContext,
-                                reason: AckReason) -> None:
+                                reason: AckReason, *, handled: bool = False) -> None:
+        """The ``acked`` event (and hook). ``handled``: it ends a successful handling --
+        the handler returned for the delivery opened at ``ctx.delivered_ts`` -- which the
+        event says (``handled``, ``delivered_ts``) so the audit needs no writing order."""
         message = delivery.message
-        self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=reason.value)
+        self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=reason.value,
+                         handled=handled,
+                         delivered_ts=ctx.delivered_ts if handled else None)
         self._acknowledged.each(message=message, ctx=ctx, reason=reason)
 
     def move(self, adapter: Adapter, message: Message, address: str, ctx: HookContext,

@@ -46,7 +46,7 @@ per-message data: only per-address rows reach the driver.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -119,8 +119,8 @@ def _is(name: str) -> Column:
     return F.col("type") == F.lit(str(name))
 
 
-def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> DataFrame:
-    """One row per message id (``key``) with everything the checks need.
+def event_rows(events: DataFrame) -> DataFrame:
+    """The events as rows keyed by message id (``key``), copies attributed to their own id.
 
     Events without a message id (transactions, unreadable lines, other schema
     versions) get a key of their own (``\\0<row>``) and ``is_message`` false:
@@ -137,7 +137,7 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
     copy = F.col("pos") == 1
     rows = exploded.select(
         "key", "pos", "node", "file", "row", "ts", "ack_reason", "target", "expiration",
-        "delivery_count", "delay_ms",
+        "delivery_count", "delay_ms", "handled", "delivered_ts",
         F.when(copy, F.lit(COPIED)).when(valid, F.col("type")).alias("type"),
         F.when(copy, F.col("target")).otherwise(F.col("address")).alias("address"),
         F.when(~copy, F.col("queue")).alias("queue"),
@@ -147,6 +147,18 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
         (F.col(CORRUPT_COLUMN).isNull() & F.col("type").isNotNull() & F.col("ts").isNotNull()
          & ~valid).alias("unsupported"),
     )
+    return rows
+
+
+def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> DataFrame:
+    """One row per message id (``key``) with everything the checks need, by writing order.
+
+    The plan for logs whose ``acked`` events do not say whether they end a
+    handling (written before ``handled`` / ``delivered_ts`` existed): a sort by
+    (message id, queue, node, file, row) and windows over it. Logs that have the
+    fields take :mod:`mqguard.audit.hashed` instead (hash aggregation, no sort).
+    """
+    rows = event_rows(events)
 
     # Writing order of one process within a message id, grouped by queue: a
     # delivery's outcome is the next event of the same queue and node.
@@ -216,6 +228,8 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
         F.collect_set(F.when(_is(E.DEAD_LETTERED), F.col("target"))).alias("dead_letter_targets"),
         F.collect_set(F.when(_is(E.EXPIRED), F.col("target"))).alias("expiry_targets"),
         F.collect_set(F.when(_is(E.MOVED), F.col("target"))).alias("moved_targets"),
+        F.count_if(_is(E.DEAD_LETTERED) & F.col("target").isNotNull()).alias("dead_letters"),
+        F.count_if(_is(E.EXPIRED) & F.col("target").isNotNull()).alias("expiries"),
         F.min(F.when(_is(E.DEAD_LETTERED), F.col("delivery_count"))).alias("dead_letter_count"),
         F.count_if(F.col("type").startswith("tx_")).alias("transactions"),
         F.collect_list("queue_fact").alias("queues"),
@@ -291,8 +305,15 @@ def _finding(name: str, detail: Column, *, ts: Column, queue: Column | None = No
 
 
 def classify(facts: DataFrame, context: DataFrame, watermark: int,
-             options: CheckOptions = CheckOptions()) -> DataFrame:
-    """Every finding, one row each (:data:`FINDINGS_SCHEMA`), in one pass over ``facts``."""
+             options: CheckOptions = CheckOptions(),
+             details: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
+    """Every finding, one row each (:data:`FINDINGS_SCHEMA`), in one pass over ``facts``.
+
+    ``details``: for facts without the per-queue and target arrays (the hash plan,
+    :mod:`mqguard.audit.hashed`), a function giving them (``key``, ``queues``,
+    ``dead_letter_targets``, ``expiry_targets``, ``moved_targets``) for the keys of
+    the frame it is passed; it is called only for the messages the pre-filter keeps.
+    """
     c = F.col
     mark = F.lit(watermark).cast(LongType())
     joined = facts.filter(c("is_message")).join(F.broadcast(context), "address", "left")
@@ -327,12 +348,14 @@ def classify(facts: DataFrame, context: DataFrame, watermark: int,
              | (guarded & ~accepted & (c("send_failed") > 0))
              | (~guarded & seen)
              | c("dead_letter_count").isNotNull()
-             | (F.size(c("dead_letter_targets")) > 0) | (F.size(c("expiry_targets")) > 0)
+             | (c("dead_letters") > 0) | (c("expiries") > 0)
              | F.coalesce(c("any_duplicated"), F.lit(False))
              | F.coalesce(c("max_late") > 0, F.lit(False))
              | F.coalesce(limit.isNotNull() & (c("max_queue_deliveries") > limit),
                           F.lit(False)))
     joined = joined.filter(maybe)
+    if details is not None:
+        joined = joined.join(details(joined.select("key")), "key", "left")
 
     per_message = F.array_compact(F.array(
         F.when(judged_send & ~in_flight, _finding(

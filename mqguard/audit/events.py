@@ -58,12 +58,18 @@ EVENT_SCHEMA = StructType([
     StructField("ack_reason", StringType()),
     StructField("requeue", BooleanType()),
     StructField("count", LongType()),
+    # On ``acked``: true when it ends a successful handling (the handler returned),
+    # whose ``delivered`` event was written at ``delivered_ts``. Absent in logs
+    # written before these fields existed: the audit then pairs by writing order.
+    StructField("handled", BooleanType()),
+    StructField("delivered_ts", LongType()),
 ])
 
 #: The fields the checks use. The JSON parser materialises only the fields of the
 #: schema it is given, so long ``reason`` texts are skipped, not copied.
 AUDIT_FIELDS = ("v", "ts", "type", "node", "address", "message_id", "queue", "target",
-                "new_message_id", "ack_reason", "expiration", "delivery_count", "delay_ms")
+                "new_message_id", "ack_reason", "expiration", "delivery_count", "delay_ms",
+                "handled", "delivered_ts")
 
 CORRUPT_COLUMN = "_corrupt_record"
 

@@ -6,6 +6,7 @@ Kept apart from the CLI so that tests (and other programs) run exactly what
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
-from mqguard.audit import report
+from mqguard.audit import hashed, report
 from mqguard.audit.checks import (
     CheckOptions,
     address_stats,
@@ -90,8 +91,21 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     os.makedirs(options.out, exist_ok=True)
 
     progress(f"reading {len(files)} file(s)")
-    facts = message_facts(load_events(spark, files), options.checks)
-    # Used twice (per-address figures, then the classification): computed once.
+    events = load_events(spark, files)
+    # The hash plan (mqguard/audit/hashed.py) needs acked events that say whether they
+    # end a handling; a log written before that goes by writing order (one sort).
+    grouped = hashed.groups(events, options.checks).persist(StorageLevel.MEMORY_AND_DISK)
+    dictionary = hashed.address_dictionary(grouped)
+    details: Callable[[DataFrame], DataFrame] | None = None
+    if dictionary.legacy:
+        grouped.unpersist()
+        plan = "writing order"
+        facts = message_facts(events, options.checks)
+    else:
+        plan = "hash"
+        facts = hashed.facts(spark, grouped, dictionary)
+        details = functools.partial(hashed.details, grouped)
+    # Used three times (per-address figures, charts, the classification): computed once.
     facts = facts.persist(StorageLevel.MEMORY_AND_DISK)
     cross: CrossChecks | None = None
     try:
@@ -115,7 +129,7 @@ def run_audit(spark: SparkSession, options: AuditOptions,
 
         progress("checking messages")
         findings = classify(facts, context_frame(spark, limits, drained), watermark,
-                            options.checks)
+                            options.checks, details)
         if options.cross.wanted:
             cross = prepare(spark, files, options.cross, options.config,
                             max_delivery_attempts=options.max_delivery_attempts,
@@ -124,6 +138,7 @@ def run_audit(spark: SparkSession, options: AuditOptions,
         path = write_findings(findings, options.out)
     finally:
         facts.unpersist()
+        grouped.unpersist()
         if cross is not None:
             cross.close()
 
@@ -138,6 +153,8 @@ def run_audit(spark: SparkSession, options: AuditOptions,
                   "expiry_tolerance_ms": options.checks.expiry_tolerance_ms,
                   "assume_drained": options.checks.assume_drained},
         seconds={"audit": time.perf_counter() - started})
+    #: How deliveries were paired with their outcome (see mqguard/audit/hashed.py).
+    summary["plan"] = plan
     if cross is not None:
         summary.update(cross.summary)
     summary["report"] = None

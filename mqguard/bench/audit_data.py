@@ -49,8 +49,9 @@ def _delivered(dt: int, dc: int = 1, role: str = "c") -> Step:
     return ("delivered", role, dt, {"queue": True, "dc": dc})
 
 
-def _acked(dt: int, ack: str = "normal", role: str = "c") -> Step:
-    return ("acked", role, dt, {"queue": True, "ack": ack})
+def _acked(dt: int, ack: str = "normal", role: str = "c", handled: int | None = None) -> Step:
+    """``handled``: the dt of the delivery this ack ends a successful handling of."""
+    return ("acked", role, dt, {"queue": True, "ack": ack, "handled": handled})
 
 
 def _failed(dt: int) -> Step:
@@ -72,29 +73,30 @@ def _expired(dt: int) -> Step:
     return ("expired", "c", dt, {"queue": True, "target": "EXP", "reason": "expired"})
 
 
-OK: list[Step] = [_SENT, _delivered(1), _acked(2)]
+OK: list[Step] = [_SENT, _delivered(1), _acked(2, handled=1)]
 
 #: kind -> (event steps, expiration offset from the send time or None).
 KINDS: dict[str, tuple[list[Step], int | None]] = {
     "ok": (OK, None),
     "ok_retried": ([_SENT, _delivered(1), _failed(2), ("nacked", "c", 3, {"queue": True}),
-                    _delivered(4, 2), _acked(5)], None),
+                    _delivered(4, 2), _acked(5, handled=4)], None),
     "ok_dead_lettered": ([_SENT, _delivered(1, 3), _failed(2),
                           _moved(3, "DLA", "max-delivery-attempts"), _dead_lettered(4, 3),
                           _acked(5, "killed"),
                           ("delivered", "d", 6, {"id": "copy", "addr": "DLA", "queue": True,
                                                  "dc": 1}),
                           ("acked", "d", 7, {"id": "copy", "addr": "DLA", "queue": True,
-                                             "ack": "normal"})], None),
+                                             "ack": "normal", "handled": 6})], None),
     "ok_expired": ([_SENT, _moved(2, "EXP", "expired"), _expired(3), _acked(4, "expired")], 1),
     "ok_suppressed": ([*OK, ("duplicate_delivery_suppressed", "c", 3,
                              {"queue": True, "dc": 2, "reason": "duplicate delivery"}),
                        _acked(4)], None),
     # -- anomalies
     "lost": ([_SENT], None),
-    "unexpected": ([_delivered(1), _acked(2)], None),
-    "duplicated": ([*OK, _delivered(3, 2, "c2"), _acked(4, role="c2")], None),
-    "over_delivered": ([_SENT, _delivered(1, MAX_DELIVERY_ATTEMPTS + 1), _acked(2)], None),
+    "unexpected": ([_delivered(1), _acked(2, handled=1)], None),
+    "duplicated": ([*OK, _delivered(3, 2, "c2"), _acked(4, role="c2", handled=3)], None),
+    "over_delivered": ([_SENT, _delivered(1, MAX_DELIVERY_ATTEMPTS + 1),
+                        _acked(2, handled=1)], None),
     "early_dead_letter": ([_SENT, _delivered(1, 1), _failed(2),
                            _moved(3, "DLA", "max-delivery-attempts"), _dead_lettered(4, 1),
                            _acked(5, "killed")], None),
@@ -102,17 +104,18 @@ KINDS: dict[str, tuple[list[Step], int | None]] = {
                                _dead_lettered(3, MAX_DELIVERY_ATTEMPTS),
                                _acked(4, "killed")], None),
     "expiry_not_moved": ([_SENT, _expired(2), _acked(3, "expired")], 1),
-    "late_delivery": ([_SENT, _delivered(2000), _acked(2001)], 10),
+    "late_delivery": ([_SENT, _delivered(2000), _acked(2001, handled=2000)], 10),
     # -- reported, not errors
     "unseen": ([_SENT, _delivered(1), _failed(2),
                 ("redelivery_scheduled", "c", 3, {"queue": True, "dc": 1,
                                                   "delay": 3_600_000}),
                 ("nacked", "c", 4, {"queue": True})], None),
     "recovered": ([("send_failed", "p", 0, {"reason": "TimeoutError()"}), _delivered(1),
-                   _acked(2)], None),
+                   _acked(2, handled=1)], None),
     "indeterminate": ([("send_failed", "p", 0, {"reason": "TimeoutError()"})], None),
     "unguarded": ([("delivered", "c", 1, {"id": "unguarded", "queue": True, "dc": 1}),
-                   ("acked", "c", 2, {"id": "unguarded", "queue": True, "ack": "normal"})],
+                   ("acked", "c", 2, {"id": "unguarded", "queue": True, "ack": "normal",
+                                      "handled": 1})],
                   None),
 }
 #: Kinds that are findings (named after their class), in slot order.
@@ -170,9 +173,10 @@ def _templates_sql() -> str:
                 q(kind), str(number), q(event_type), q(role), str(dt), q(f.get("id", "own")),
                 q(f.get("addr", "own")), "true" if f.get("queue") else "false", q(f.get("dc")),
                 q(f.get("ack")), q(f.get("target")), "true" if f.get("new_id") else "false",
-                q(f.get("delay")), q(f.get("reason")), q(expiration)]) + ")")
+                q(f.get("delay")), q(f.get("reason")), q(expiration),
+                q(f.get("handled"))]) + ")")
     return ("SELECT * FROM (VALUES " + ",\n".join(rows) + ") AS t(kind, step, type, role, dt, "
-            "idk, addrk, has_queue, dc, ack, target, new_id, delay, reason, expoff)")
+            "idk, addrk, has_queue, dc, ack, target, new_id, delay, reason, expoff, hdt)")
 
 
 def _line_sql() -> str:
@@ -188,12 +192,16 @@ def _line_sql() -> str:
                 opt_str("address"), opt_str("message_id"), opt_str("producer_id"),
                 opt_num("seq"), opt_num("expiration"), opt_num("delivery_count"),
                 opt_str("queue"), opt_num("delay_ms"), opt_str("reason"), opt_str("target"),
-                opt_str("new_message_id"), opt_str("ack_reason"), opt_num("count"),
+                opt_str("new_message_id"), opt_str("ack_reason"), opt_num("handled"),
+                opt_num("delivered_ts"), opt_num("count"),
                 opt_str("transaction")]) + " || '}'")
 
 
-def build_events(con: Any, events: int) -> tuple[int, int]:
-    """Create the DuckDB table ``ev`` of exactly ``events`` events; (messages, padding)."""
+def build_events(con: Any, events: int, *, legacy: bool = False) -> tuple[int, int]:
+    """Create the DuckDB table ``ev`` of exactly ``events`` events; (messages, padding).
+
+    ``legacy``: ``acked`` events without ``handled`` / ``delivered_ts``, as writers before
+    them wrote (the audit then pairs by writing order)."""
     messages, padding = plan(events)
     slots = " ".join(f"WHEN {n} THEN '{kind}'" for n, kind in enumerate(SLOTS))
     con.execute(f"CREATE OR REPLACE TEMP TABLE tpl AS {_templates_sql()}")
@@ -228,12 +236,16 @@ def build_events(con: Any, events: int) -> tuple[int, int]:
                    CASE p.addrk WHEN 'own' THEN m.address ELSE p.addrk END END AS queue,
                p.delay AS delay_ms, p.reason AS reason, p.target AS target,
                CASE WHEN p.new_id THEN 'c' || substr(m.id, 2) END AS new_message_id,
-               p.ack AS ack_reason, NULL::BIGINT AS count, NULL::VARCHAR AS transaction
+               p.ack AS ack_reason,
+               CASE WHEN p.type = 'acked' AND NOT {legacy} THEN p.hdt IS NOT NULL END
+                   AS handled,
+               CASE WHEN NOT {legacy} THEN m.t + p.hdt END AS delivered_ts,
+               NULL::BIGINT AS count, NULL::VARCHAR AS transaction
         FROM msgs m JOIN tpl p ON m.kind = p.kind
         UNION ALL
         SELECT {T0} + i * {max(1, messages // max(1, padding))}, -1, i, '{PAD_TYPE}',
                'producer-0', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               NULL, 0, 'tx-' || i
+               NULL, NULL, NULL, 0, 'tx-' || i
         FROM range({padding}) r(i)""")
     return messages, padding
 
@@ -267,12 +279,14 @@ def write_jsonl(con: Any, directory: str) -> list[str]:
     return files
 
 
-def generate(directory: str, events: int, con: Any | None = None) -> Generated:
-    """Write exactly ``events`` events as JSONL event logs under ``directory``."""
+def generate(directory: str, events: int, con: Any | None = None, *,
+             legacy: bool = False) -> Generated:
+    """Write exactly ``events`` events as JSONL event logs under ``directory``
+    (``legacy``: as writers before ``handled`` / ``delivered_ts`` wrote them)."""
     import duckdb
 
     con = con or duckdb.connect()
-    messages, _ = build_events(con, events)
+    messages, _ = build_events(con, events, legacy=legacy)
     planted = planted_findings(con)
     files = write_jsonl(con, directory)
     return Generated(directory=directory, files=files, events=events, messages=messages,

@@ -21,7 +21,8 @@ from mqguard.events import SCHEMA_VERSION
 _COLUMNS = ("{v: 'BIGINT', ts: 'BIGINT', type: 'VARCHAR', node: 'VARCHAR', "
             "address: 'VARCHAR', message_id: 'VARCHAR', queue: 'VARCHAR', target: 'VARCHAR', "
             "new_message_id: 'VARCHAR', ack_reason: 'VARCHAR', expiration: 'BIGINT', "
-            "delivery_count: 'BIGINT', delay_ms: 'BIGINT'}")
+            "delivery_count: 'BIGINT', delay_ms: 'BIGINT', handled: 'BOOLEAN', "
+            "delivered_ts: 'BIGINT'}")
 
 
 def _in(values: Sequence[object]) -> str:
@@ -37,49 +38,69 @@ def _source(files: Sequence[str], fmt: str) -> str:
 
 
 def audit_sql(files: Sequence[str], *, fmt: str = "jsonl", grace_ms: int, limit: int,
-              tolerance_ms: int) -> list[str]:
-    """The statements; the last leaves table ``findings(class, message_id, ...)``."""
+              tolerance_ms: int, ordered: bool = False) -> list[str]:
+    """The statements; the last leaves table ``findings(class, message_id, ...)``.
+
+    As the Spark audit: a handling is an ``acked`` (normal) with ``handled`` and
+    ``delivered_ts`` (hash aggregations only); ``ordered`` pairs each ``delivered``
+    with the next event of its process instead (a window in writing order), as for
+    logs written before those fields existed.
+    """
     if fmt == "parquet":
         order = "file, row"
         load = (f"SELECT v, ts, type, node, address, message_id, queue, target, "
-                f"new_message_id, ack_reason, expiration, delivery_count, delay_ms, file, row "
+                f"new_message_id, ack_reason, expiration, delivery_count, delay_ms, handled, "
+                f"delivered_ts, file, row "
                 f"FROM {_source(files, fmt)}")
     else:
         order = "file, row"
         # Rows numbered in scan order: DuckDB keeps the insertion order of a scan.
         load = (f"SELECT v, ts, type, node, address, message_id, queue, target, "
-                f"new_message_id, ack_reason, expiration, delivery_count, delay_ms, "
-                f"filename AS file, row_number() OVER () AS row FROM {_source(files, fmt)}")
+                f"new_message_id, ack_reason, expiration, delivery_count, delay_ms, handled, "
+                f"delivered_ts, filename AS file, row_number() OVER () AS row "
+                f"FROM {_source(files, fmt)}")
     terminal, deliver_path = _in([str(t) for t in TERMINAL]), _in([str(t) for t in DELIVER_PATH])
-    return [
-        f"CREATE OR REPLACE TEMP TABLE e AS {load}",
-        f"""CREATE OR REPLACE TEMP TABLE r AS
-        WITH own AS (
+    own = f"""
             SELECT message_id AS key, node, file, row, ts, ack_reason, target, expiration,
-                   delivery_count, delay_ms, type, address, queue FROM e
+                   delivery_count, delay_ms, type, address, queue, handled, delivered_ts FROM e
             WHERE v = {SCHEMA_VERSION} AND type IS NOT NULL AND ts IS NOT NULL
               AND message_id IS NOT NULL
             UNION ALL
             SELECT new_message_id, node, file, row, ts, ack_reason, target, expiration,
-                   delivery_count, delay_ms, '{COPIED}', target, NULL FROM e
-            WHERE v = {SCHEMA_VERSION} AND type = 'moved' AND new_message_id IS NOT NULL
-        )
-        SELECT *, coalesce(type = 'delivered'
+                   delivery_count, delay_ms, '{COPIED}', target, NULL, NULL, NULL FROM e
+            WHERE v = {SCHEMA_VERSION} AND type = 'moved' AND new_message_id IS NOT NULL"""
+    if ordered:
+        # ``handling``: the delivered event itself, when the next event of its process is
+        # an acked (normal); its position is its own.
+        rows = f"""CREATE OR REPLACE TEMP TABLE r AS
+        WITH own AS ({own})
+        SELECT * REPLACE (coalesce(type = 'delivered'
                    AND lead(type) OVER w = 'acked' AND lead(ack_reason) OVER w = 'normal'
                    AND lead(queue) OVER w IS NOT DISTINCT FROM queue
-                   AND lead(node) OVER w IS NOT DISTINCT FROM node, false) AS handled
+                   AND lead(node) OVER w IS NOT DISTINCT FROM node, false) AS handled,
+                   ts AS delivered_ts)
         FROM own
-        WINDOW w AS (PARTITION BY key ORDER BY queue NULLS FIRST, node, {order})""",
+        WINDOW w AS (PARTITION BY key ORDER BY queue NULLS FIRST, node, {order})"""
+    else:
+        # ``handling``: the acked event that says so; its position is its delivery's time
+        # with its own row (orders as the delivery does against every other one).
+        rows = f"""CREATE OR REPLACE TEMP TABLE r AS
+        SELECT * REPLACE (coalesce(type = 'acked' AND ack_reason = 'normal' AND handled
+                                   AND delivered_ts IS NOT NULL, false) AS handled)
+        FROM ({own})"""
+    return [
+        f"CREATE OR REPLACE TEMP TABLE e AS {load}",
+        rows,
         f"""CREATE OR REPLACE TEMP TABLE q AS
         SELECT key, queue,
                greatest(count(*) FILTER (WHERE type = 'delivered'),
                         coalesce(max(delivery_count) FILTER (WHERE type = 'delivered'), 0))
                    AS deliveries,
                count(*) FILTER (WHERE handled) AS handlings,
-               min(ts) FILTER (WHERE handled) AS first_handled_ts,
+               min(delivered_ts) FILTER (WHERE handled) AS first_handled_ts,
                coalesce(count(*) FILTER (WHERE handled) >= 2
-                        OR max((ts, node, file, row)) FILTER (WHERE type = 'delivered')
-                           > min((ts, node, file, row)) FILTER (WHERE handled), false)
+                        OR max((ts, file, row)) FILTER (WHERE type = 'delivered')
+                           > min((delivered_ts, file, row)) FILTER (WHERE handled), false)
                    AS duplicated,
                count(*) FILTER (WHERE type = 'delivered' AND expiration > 0
                                 AND ts > expiration + {tolerance_ms}) AS late
@@ -164,10 +185,11 @@ def audit_sql(files: Sequence[str], *, fmt: str = "jsonl", grace_ms: int, limit:
 
 
 def run_checks(con: Any, files: Sequence[str], *, fmt: str = "jsonl", grace_ms: int,
-               limit: int, tolerance_ms: int, out: str | None = None) -> None:
+               limit: int, tolerance_ms: int, out: str | None = None,
+               ordered: bool = False) -> None:
     """Run every statement on ``con``; the findings are written to ``out`` as Parquet."""
     for statement in audit_sql(files, fmt=fmt, grace_ms=grace_ms, limit=limit,
-                               tolerance_ms=tolerance_ms):
+                               tolerance_ms=tolerance_ms, ordered=ordered):
         con.execute(statement)
     if out is not None:
         con.execute(f"COPY findings TO '{out}' (FORMAT PARQUET)")

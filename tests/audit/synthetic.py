@@ -43,7 +43,8 @@ class Cluster:
     """Event logs of a producer node and consumer nodes sharing one directory."""
 
     def __init__(self, directory: Path, monkeypatch: pytest.MonkeyPatch, *,
-                 max_bytes: int = 64 * 1024 * 1024, flush_each: bool = False) -> None:
+                 max_bytes: int = 64 * 1024 * 1024, flush_each: bool = False,
+                 legacy: bool = False) -> None:
         self.clock = FakeClock()
         monkeypatch.setattr(mqguard.events, "time", self.clock)
         self.directory = directory
@@ -51,6 +52,9 @@ class Cluster:
         #: Write every event at once (the writer batches otherwise, and a file only
         #: rotates between batches).
         self.flush_each = flush_each
+        #: Write ``acked`` as writers before ``handled`` / ``delivered_ts`` did: the
+        #: audit must then pair deliveries with their outcome by writing order.
+        self.legacy = legacy
         self.logs: dict[str, EventLog] = {}
         self._copies = itertools.count(1)
         self._sequence = itertools.count(1)
@@ -120,15 +124,19 @@ class Cluster:
                   queue=queue or message.address)
 
     def acked(self, message: Message, *, node: str = "consumer-1", reason: str = "normal",
-              queue: str | None = None) -> None:
+              queue: str | None = None, delivered_ts: int | None = None) -> None:
+        """``delivered_ts``: the ack ends a successful handling of the delivery written then."""
+        fields: dict[str, Any] = {}
+        if not self.legacy:
+            fields = {"handled": delivered_ts is not None, "delivered_ts": delivered_ts}
         self.emit(node, EventType.ACKED, message, queue=queue or message.address,
-                  ack_reason=reason)
+                  ack_reason=reason, **fields)
 
     def handled(self, message: Message, *, node: str = "consumer-1", count: int = 1,
                 queue: str | None = None) -> None:
         """delivered, the handler returned, acked (normal)."""
         self.delivered(message, node=node, count=count, queue=queue)
-        self.acked(message, node=node, queue=queue)
+        self.acked(message, node=node, queue=queue, delivered_ts=self.clock.now_ms)
 
     def failed(self, message: Message, *, node: str = "consumer-1", count: int = 1,
                delay_ms: int = 100) -> None:

@@ -162,6 +162,7 @@ def test_every_planted_class_is_found_and_nothing_else(spark: Any, tmp_path: Pat
         "orders": {"count": 2, "examples": ["lost-never-delivered",
                                             "lost-delivered-then-nothing"]}}
     assert summary["bad_lines"] == 0 and summary["watermark"] == watermark
+    assert summary["plan"] == "hash"  # the acked events say which end a handling
     assert summary["events"] == sum(1 for f in (tmp_path / "events").iterdir()
                                     for line in f.read_text().splitlines() if line)
     # One directory per class that has findings, readable on its own.
@@ -189,3 +190,23 @@ def test_limit_override_and_assume_drained(spark: Any, tmp_path: Path,
     # Drained: the last message of an address with no later fate is lost, not unseen.
     assert "unseen-last-on-its-address" in found["lost"]
     assert found["unseen"] == {"unseen-redelivery-pending", "unseen-handled-after-watermark"}
+
+
+def test_logs_without_handled_fields_are_paired_by_writing_order(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log written before ``acked`` carried ``handled`` / ``delivered_ts`` goes through the
+    writing-order plan, and both plans report the very same findings, field by field."""
+    rows = {}
+    for legacy in (False, True):
+        name = "legacy" if legacy else "current"
+        cluster = Cluster(tmp_path / name, monkeypatch, legacy=legacy)
+        watermark, expected = plant(cluster)
+        result = run_audit(spark, AuditOptions([str(tmp_path / name)],
+                                               out=str(tmp_path / f"out-{name}"),
+                                               config=CONFIG, watermark=watermark, html=False))
+        assert result.summary["plan"] == ("writing order" if legacy else "hash")
+        assert found_ids(spark, result) == expected
+        findings = read_findings(spark, str(tmp_path / f"out-{name}" / "findings")).collect()
+        rows[name] = sorted(tuple(r) for r in findings)
+    assert rows["current"] == rows["legacy"]
+    assert len(rows["current"]) == sum(len(ids) for ids in expected.values())
