@@ -666,22 +666,27 @@ class ProxySession:
         decided = len(results)
         self.metrics.send_guard.observe_many((time.perf_counter() - started) / decided,
                                              decided)
-        for position, result in enumerate(results):
-            frame, (destination, receipt, _, _) = run[position]
-            entry = entries.get(position)
-            verdict = result.verdict if entry is None else entry[2].verdict
-            self.metrics.message("send", verdict.action.value)
-            if verdict.action is Action.REJECT:
-                failed = AdapterError("not sent: an earlier SEND on this connection was "
-                                      "rejected")
-                for later in range(position + 1, decided):
-                    later_entry = entries.get(later)
-                    if later_entry is not None and later_entry[2].verdict.action in _FORWARDED:
-                        guard.send_failed(later_entry[0], later_entry[1], failed)
-                self._fail(f"message rejected: {verdict.reason}"[:200], receipt=receipt)
-            accepted, ctx = (entry[0], entry[1]) if entry is not None else (None, None)
-            self._settle_send(frame, destination, receipt, accepted, ctx,  # type: ignore[arg-type]
-                              verdict, None)
+        position = 0
+        try:
+            for position, result in enumerate(results):
+                frame, (destination, receipt, _, _) = run[position]
+                entry = entries.get(position)
+                verdict = result.verdict if entry is None else entry[2].verdict
+                self.metrics.message("send", verdict.action.value)
+                if verdict.action is Action.REJECT:
+                    self._fail(f"message rejected: {verdict.reason}"[:200], receipt=receipt)
+                accepted, ctx = (entry[0], entry[1]) if entry is not None else (None, None)
+                self._settle_send(frame, destination, receipt, accepted, ctx,  # type: ignore[arg-type]
+                                  verdict, None)
+        except BaseException:
+            # This SEND ended the session (rejected, or not representable): nothing after
+            # it reaches the broker, so what the batch reserved for those is given back.
+            failed = AdapterError("not sent: an earlier SEND on this connection failed")
+            for later in range(position + 1, decided):
+                later_entry = entries.get(later)
+                if later_entry is not None and later_entry[2].verdict.action in _FORWARDED:
+                    guard.send_failed(later_entry[0], later_entry[1], failed)
+            raise
 
     def _settle_send(self, frame: Frame, destination: str, receipt: str | None,
                      message: Message | None, ctx: HookContext, verdict: Verdict,

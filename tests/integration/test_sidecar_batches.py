@@ -170,3 +170,30 @@ def test_a_send_rejected_by_the_batch_check_releases_the_ids_after_it(
     totals = event_types(proxy, tmp_path)
     assert totals["send_failed"] == 1  # "after": decided, reserved, never forwarded
     assert totals["sent"] == 2
+
+
+@pytest.mark.parametrize("proxy", BROKERS, indirect=True)
+def test_a_send_that_cannot_be_forwarded_releases_its_id_and_those_after_it(
+        proxy: SidecarThread, tmp_path: Path, unique_name: str) -> None:
+    """A SEND whose header STOMP reserves (``message-id``) passes the guard, is reserved
+    with the batch, and fails when it is encoded for the broker: the session ends there,
+    and its id and the ids behind it are free again."""
+    bad = (f"SEND\ndestination:/queue/{unique_name}\n_AMQ_DUPL_ID:id-2\nmessage-id:x\n"
+           f"receipt:r2\n\nbad\0").encode()
+    wire = Wire(proxy.port)
+    wire.sock.sendall(send(unique_name, "one", "id-1", "r1") + bad
+                      + send(unique_name, "after", "id-3", "r3"))
+    got = wire.until(lambda got: any(f.command == "ERROR" for f in got))
+    wire.until(lambda got: False, timeout=2)
+    assert wire.closed
+    commands = [(f.command, f.get("receipt-id")) for f in wire.frames]
+    assert commands[1:] == [("RECEIPT", "r1"), ("ERROR", "r2")], commands
+    assert "reserved" in (got[-1].get("message") or "")
+    again = Wire(proxy.port)
+    again.sock.sendall(send(unique_name, "two-again", "id-2", "r4")
+                       + send(unique_name, "after-again", "id-3", "r5"))
+    got = again.until(lambda got: sum(f.command == "RECEIPT" for f in got) == 2)
+    again.close()
+    assert not [f for f in got if f.command == "ERROR"]
+    assert drain(proxy.port, unique_name, 3) == ["one", "two-again", "after-again"]
+    assert event_types(proxy, tmp_path)["send_failed"] == 2
