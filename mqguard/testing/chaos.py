@@ -19,6 +19,7 @@ audit judges the event log (tests/audit/test_faults.py).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -190,6 +191,10 @@ class ChaosRun:
         self._wanted_cache: dict[str, list[int]] = {}
         self._normal_cache: dict[str, list[int]] = {}
         self._frames_cache: dict[str, int] = {}
+        self._terminal_cache: dict[str, set[int]] = {}
+        self._by_duplicate_id: dict[str, tuple[str, int]] = {}
+        self._event_offsets: dict[str, int] = {}
+        self._ended: dict[str, set[int]] = {leg: set() for leg in LEGS}
 
     # -- servers -------------------------------------------------------------------------
 
@@ -411,6 +416,7 @@ class ChaosRun:
     def _progress(self) -> str:
         assert self.spec is not None
         handled = self._handled()
+        self._terminal_events()
         parts = []
         for leg in LEGS:
             if leg not in self._normal_cache:
@@ -418,18 +424,60 @@ class ChaosRun:
                                            if p.kind is Kind.NORMAL]
                 self._frames_cache[leg] = len(self.spec.frames(leg))
             normal = self._normal_cache[leg]
+            wanted = self._terminal_wanted(leg)
             parts.append(f"{leg}: sent {read_progress(self.spec.progress_path(leg))}/"
                          f"{self._frames_cache[leg]}, normal handled "
-                         f"{sum(1 for i in normal if handled[leg][i])}/{len(normal)}")
+                         f"{sum(1 for i in normal if handled[leg][i])}/{len(normal)}, "
+                         f"dead-lettered or expired "
+                         f"{len(self._ended[leg] & wanted)}/{len(wanted)}")
         return "; ".join(parts)
 
     def _complete(self) -> bool:
-        """Producers done, every normal and poison message handled at least once."""
+        """Producers done, every normal and poison message handled at least once, every
+        poison message dead-lettered and every short-lived one expired (their events)."""
         assert self.spec is not None
         if not all(self.workers[f"producer-{leg}"].finished for leg in LEGS):
             return False
         handled = self._handled()
-        return all(handled[leg][i] for leg in LEGS for i in self._wanted(leg))
+        if not all(handled[leg][i] for leg in LEGS for i in self._wanted(leg)):
+            return False
+        # The moves run after the handlers (the dead-letter copy after the last failed
+        # delivery): waiting for handler quiet alone ended a 100,000-message run with 33
+        # poison messages' moves still queued in a consumer.
+        ended = self._terminal_events()
+        return all(ended[leg] >= self._terminal_wanted(leg) for leg in LEGS)
+
+    def _terminal_wanted(self, leg: str) -> set[int]:
+        assert self.spec is not None
+        if leg not in self._terminal_cache:
+            self._terminal_cache[leg] = {p.index for p in self.spec.planned(leg)
+                                         if p.kind in (Kind.POISON, Kind.SHORT_LIVED)}
+        return self._terminal_cache[leg]
+
+    def _terminal_events(self) -> dict[str, set[int]]:
+        """Plan indexes with a ``dead_lettered`` or ``expired`` event, per leg (the event logs
+        read incrementally, whole lines only)."""
+        assert self.spec is not None
+        if not self._by_duplicate_id:
+            self._by_duplicate_id = {p.duplicate_id: (leg, p.index) for leg in LEGS
+                                     for p in self.spec.planned(leg)}
+        for path in sorted(Path(self.spec.events_dir).glob("*.jsonl")):
+            offset = self._event_offsets.get(path.name, 0)
+            with path.open("rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+            complete = data[:data.rfind(b"\n") + 1]
+            self._event_offsets[path.name] = offset + len(complete)
+            for line in complete.splitlines():
+                if b'"dead_lettered"' not in line and b'"expired"' not in line:
+                    continue
+                event = json.loads(line)
+                if event.get("type") not in ("dead_lettered", "expired"):
+                    continue
+                found = self._by_duplicate_id.get(event.get("duplicate_id", ""))
+                if found is not None:
+                    self._ended[found[0]].add(found[1])
+        return self._ended
 
     def _wanted(self, leg: str) -> list[int]:
         assert self.spec is not None

@@ -1,6 +1,6 @@
 """Delivery counting, redelivery and dead letters through REAL brokers.
 
-ActiveMQ 5 (STOMP: broker-delay through its scheduler, in a transaction), RabbitMQ
+ActiveMQ 5 (STOMP: broker-delay through its scheduler, copy then ack), RabbitMQ
 (STOMP: NACK / held NACK; classic and quorum queues) and Mosquitto (MQTT 5: held local
 redelivery).
 """
