@@ -321,7 +321,7 @@ class ChaosRun:
         # Producers are killed part-way through their plan (a seeded fraction of their frames
         # sent), whatever the machine's speed: on a timed schedule a fast producer could finish
         # before its turn came (seen: producer-sidecar done at 9 s, its kill due at 11 s).
-        producer_kills = {f"producer-{leg}": self.rng.uniform(0.15, 0.6) for leg in LEGS}
+        producer_kills = {f"producer-{leg}": self.rng.uniform(0.1, 0.4) for leg in LEGS}
         # Every other component once, in a seeded order, then at random.
         order = [name for name in self.rng.sample(COMPONENTS, len(COMPONENTS))
                  if name not in producer_kills]
@@ -339,7 +339,10 @@ class ChaosRun:
                 if not self.workers[due].finished:  # done before its share: nothing to kill
                     self._kill_and_restart(due, started)
                 continue
-            if time.monotonic() < next_kill or not (order or self._chaos_time(traffic)):
+            # Producer kills first: another kill blocks this loop for up to a few seconds (the
+            # outage, the sidecar's restart), long enough for a producer to finish unkilled.
+            if (producer_kills or time.monotonic() < next_kill
+                    or not (order or self._chaos_time(traffic))):
                 time.sleep(0.05)
                 continue
             target = order.pop(0) if order else self.rng.choice(COMPONENTS)
