@@ -17,6 +17,7 @@ import mqguard
 from mqguard.cli import main
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
+from mqguard.errors import AdapterError
 from mqguard.events import read_events
 from mqguard.message import (
     ACTUAL_EXPIRY_HEADER,
@@ -144,6 +145,45 @@ def test_activemq_reaper_moves_expired_at_rest(url: str, expired_inbox: list[Mes
         wait_for(lambda: len(rest) == 2, 10, "the unexpired messages")
     assert rest == [b"fresh-1", b"none"]
     assert reaper.scan()[0].expired == 0
+    adapter.close()
+    guard.close()
+
+
+@pytest.mark.parametrize("url", BROKERS[:1], indirect=True)
+def test_activemq_reaper_writes_events_before_commit(url: str, expired_inbox: list[Message],
+                                                     tmp_path: Path, unique_name: str) -> None:
+    # A kill between the COMMIT and the events left moved messages with no event (fault
+    # suite: 10 such, called lost by the audit). The events now go first; a COMMIT that does
+    # not happen leaves the messages in the queue, and the next scan moves them again.
+    guard = make_guard(tmp_path, unique_name)
+    with GuardedProducer(open_adapter(url), guard) as producer:
+        stale = producer.send(unique_name, b"stale", expiration=now_ms() - 1000).message
+    adapter = open_adapter(url)
+    commit = adapter.commit
+    seen_at_commit: list[int] = []
+
+    def commit_that_never_happens(tx: str) -> None:
+        guard.events.flush()
+        seen_at_commit.extend(1 for e in read_events(tmp_path / "events")
+                              if e["type"] == "expired" and e["message_id"] == stale.message_id)
+        adapter.abort(tx)  # as if the broker died before it had the COMMIT
+        raise AdapterError("COMMIT lost")
+
+    adapter.commit = commit_that_never_happens  # type: ignore[method-assign]
+    reaper = ExpiryReaper(guard, adapter, [unique_name], idle_ms=300)
+    with pytest.raises(AdapterError, match="COMMIT lost"):
+        reaper.scan()
+    assert seen_at_commit == [1]  # the event was in the log before the COMMIT
+    adapter.commit = commit  # type: ignore[method-assign]
+    assert reaper.scan()[0].expired == 1  # still in the queue: moved by the next scan
+    wait_for(lambda: len(expired_inbox) == 1, 10, "the expired copy")
+    time.sleep(0.3)
+    assert len(expired_inbox) == 1  # one copy, not two
+    check_expiry_copy(expired_inbox[0], stale, unique_name)
+    guard.events.flush()
+    kinds = [e["type"] for e in read_events(tmp_path / "events")
+             if e["message_id"] == stale.message_id]
+    assert kinds.count("expired") == 2 and kinds.count("moved") == 2
     adapter.close()
     guard.close()
 
