@@ -17,9 +17,12 @@ limits, dead letters, expiry). Each is defined on the events of one message id:
   consumers gave to messages not sent through a guard (``unguarded:`` and
   ``broker:`` prefixes) are counted as **unguarded** (not an error) instead.
 - **duplicated**: handed to the application more than once per queue after a
-  success: a *handling* is a ``delivered`` event immediately followed, in the
-  writing order of that process, by ``acked`` with ``ack_reason`` normal. Two
-  handlings, or any ``delivered`` after the first handling, is a duplicate.
+  success: a *handling* is an ``acked`` event with ``handled`` true (the guard
+  writes it when the handler returned; ``delivered_ts`` is its ``delivered``
+  event's time), or, in logs written before those fields existed, a
+  ``delivered`` event immediately followed, in the writing order of that
+  process, by ``acked`` with ``ack_reason`` normal. Two handlings, or any
+  ``delivered`` after the first handling's ``delivered``, is a duplicate.
   Redeliveries after ``handler_failed`` or a crash (``delivered`` without an
   outcome) are legitimate at-least-once retries, and a delivery the consumer
   audit suppressed never reached a handler. (A topic's subscriptions must use
@@ -36,11 +39,13 @@ limits, dead letters, expiry). Each is defined on the events of one message id:
   tolerance for the time the other plugins take between the expiry check and the
   event).
 
-The plan reads the events once and shuffles once, by message id: a window in
-(queue, node, file, row) order pairs each ``delivered`` with the event after it,
-per-queue aggregates are windows over the same sort, and one aggregation per
-message id yields the facts. Copies are attributed to their own id by
-``posexplode`` in the same scan (no self-join). No Python UDF, no collect of
+The plan reads the events once and shuffles once, by message id, then only
+hash-aggregates (:mod:`mqguard.audit.hashed`). Logs without ``handled`` take
+:func:`message_facts` instead: a window in (queue, node, file, row) order pairs
+each ``delivered`` with the event after it, per-queue aggregates are windows
+over the same sort, and one aggregation per message id yields the facts.
+Copies are attributed to their own id by ``posexplode`` in the same scan (no
+self-join). No Python UDF, no collect of
 per-message data: only per-address rows reach the driver.
 """
 

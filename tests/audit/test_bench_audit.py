@@ -62,3 +62,29 @@ def test_bench_audit_finds_every_planted_finding(spark: Any, tmp_path: Path) -> 
         (figures["spark_s"] - figures["spark_start_s"]) / figures["duckdb_s"], rel=0.01)
     # The generated logs are removed unless --keep.
     assert not list(tmp_path.glob("mqguard-bench-audit-*"))
+
+
+def test_duckdb_mirror_pairs_by_fields_and_by_writing_order_alike(tmp_path: Path) -> None:
+    """The DuckDB mirror's hash plan (``handled`` acks) and its writing-order plan (for
+    logs without the fields) find exactly the planted findings on the same run."""
+    import duckdb
+
+    from mqguard.bench.audit import GRACE_MS, TOLERANCE_MS
+    from mqguard.bench.audit_data import MAX_DELIVERY_ATTEMPTS
+    from mqguard.bench.audit_duckdb import run_checks
+
+    found = {}
+    for legacy in (False, True):
+        con = duckdb.connect()
+        data = generate(str(tmp_path / str(legacy)), 20_000, con, legacy=legacy)
+        lines = [json.loads(line) for f in data.files for line in Path(f).read_text().splitlines()]
+        acked = [e for e in lines if e["type"] == "acked"]
+        assert all(("handled" in e) != legacy for e in acked)
+        assert legacy or all(("delivered_ts" in e) == e["handled"] for e in acked)
+        run_checks(con, data.files, grace_ms=GRACE_MS, limit=MAX_DELIVERY_ATTEMPTS,
+                   tolerance_ms=TOLERANCE_MS, ordered=legacy)
+        planted = set(con.execute("SELECT class, message_id FROM planted").fetchall())
+        found[legacy] = set(con.execute("SELECT class, message_id FROM findings").fetchall())
+        assert found[legacy] == planted
+        con.close()
+    assert found[False] == found[True]
