@@ -23,9 +23,10 @@ on brokers that have no delivery count of their own:
   dead-lettered without calling the handler.
 
 * A count outlives its message's settlement by ``settled-count-grace-ms`` (default
-  5 min): acks are not confirmed, and when one is lost (the guard or the broker died
+  1 h): acks are not confirmed, and when one is lost (the guard or the broker died
   before the broker had it) the broker redelivers a message the guard had already
-  dead-lettered or acked. That delivery counts on from the settled count, so it goes
+  dead-lettered or acked; a delayed-redelivery copy whose original's ack was lost
+  arrives after the queue's backlog, however long that is. That delivery counts on from the settled count, so it goes
   to the dead-letter path again (a second copy there: a duplicate, never a loss)
   instead of reaching the handler once more. The broker must keep its ``redelivered``
   flag across its own restarts (ActiveMQ Classic: ``persistJMSRedelivered``).
@@ -65,8 +66,10 @@ class DeliveryCountingOptions(PluginOptions):
     #: How long the store keeps a count after its message was settled (ms). Acks are not
     #: confirmed by the broker: when one is lost (this process or the broker dies first),
     #: the redelivery must count on from there, or a dead-lettered message would reach its
-    #: handler again. Cover the longest restart plus redelivery you expect.
-    settled_count_grace_ms: int = Field(300_000, ge=0, le=7 * 24 * 3600 * 1000)
+    #: handler again. The same holds for a delayed-redelivery copy whose original's ack was
+    #: lost: the copy waits its turn behind the queue's backlog. Cover the longest time a
+    #: message can wait in your queues.
+    settled_count_grace_ms: int = Field(3_600_000, ge=0, le=7 * 24 * 3600 * 1000)
 
 
 def redelivery_delay(settings: AddressSettings, delivery_count: int,
