@@ -78,24 +78,32 @@ class EventType(enum.StrEnum):
 
 
 def message_fields(message: Message) -> dict[str, Any]:
-    """The event fields that describe ``message`` (:meth:`EventLog.emit` inlines the same)."""
-    fields: dict[str, Any] = {"address": message.address, "message_id": message.message_id}
-    if message.duplicate_id is not None:
-        fields["duplicate_id"] = message.duplicate_id
-    if message.producer_id is not None:
-        fields["producer_id"] = message.producer_id
-        fields["seq"] = message.sequence
-    if message.expiration:
-        fields["expiration"] = message.expiration
-    if message.delivery_count:
-        fields["delivery_count"] = message.delivery_count
-    if message.broker_message_id is not None:
-        fields["broker_message_id"] = message.broker_message_id
+    """The event fields that describe ``message``."""
+    fields: dict[str, Any] = {}
+    _add_message_fields(fields, message)
     return fields
 
 
 _SAFE_NODE = re.compile(r"[^A-Za-z0-9_.-]")
 
+
+
+def _add_message_fields(record: dict[str, Any], message: Message) -> None:
+    """Write the message's event fields (:func:`message_fields`) straight into ``record``:
+    two events per delivery make this a hot path."""
+    record["address"] = message.address
+    record["message_id"] = message.message_id
+    if message.duplicate_id is not None:
+        record["duplicate_id"] = message.duplicate_id
+    if message.producer_id is not None:
+        record["producer_id"] = message.producer_id
+        record["seq"] = message.sequence
+    if message.expiration:
+        record["expiration"] = message.expiration
+    if message.delivery_count:
+        record["delivery_count"] = message.delivery_count
+    if message.broker_message_id is not None:
+        record["broker_message_id"] = message.broker_message_id
 
 class EventLog:
     """Buffered, rotating JSONL writer. Thread-safe; one file per process (node)."""
@@ -152,20 +160,7 @@ class EventLog:
         record: dict[str, Any] = {"v": SCHEMA_VERSION, "ts": time.time_ns() // 1_000_000,
                                   "type": str(event_type), "node": self.node_id}
         if message is not None:
-            # message_fields() inlined: two events per delivery make this a hot path.
-            record["address"] = message.address
-            record["message_id"] = message.message_id
-            if message.duplicate_id is not None:
-                record["duplicate_id"] = message.duplicate_id
-            if message.producer_id is not None:
-                record["producer_id"] = message.producer_id
-                record["seq"] = message.sequence
-            if message.expiration:
-                record["expiration"] = message.expiration
-            if message.delivery_count:
-                record["delivery_count"] = message.delivery_count
-            if message.broker_message_id is not None:
-                record["broker_message_id"] = message.broker_message_id
+            _add_message_fields(record, message)
         if fields:
             for key, value in fields.items():
                 if value is not None:
@@ -188,19 +183,7 @@ class EventLog:
         records = []
         for message in messages:
             record = head.copy()
-            record["address"] = message.address
-            record["message_id"] = message.message_id
-            if message.duplicate_id is not None:
-                record["duplicate_id"] = message.duplicate_id
-            if message.producer_id is not None:
-                record["producer_id"] = message.producer_id
-                record["seq"] = message.sequence
-            if message.expiration:
-                record["expiration"] = message.expiration
-            if message.delivery_count:
-                record["delivery_count"] = message.delivery_count
-            if message.broker_message_id is not None:
-                record["broker_message_id"] = message.broker_message_id
+            _add_message_fields(record, message)
             records.append(record)
         pending = self._pending
         pending.extend(records)

@@ -85,6 +85,19 @@ def dead_letter_poison(adapter: LoopbackAdapter, guard: Guard
     return sent, counts, handler
 
 
+def assert_dead_lettered_unhandled(adapter: LoopbackAdapter, guard: Guard, message: Message,
+                                   *, redeliveries: int, delivery: int) -> None:
+    """``message``, redelivered, goes to the DLA as delivery ``delivery`` without the handler."""
+    adapter.loop.enqueue(message, redeliveries=redeliveries)
+    called: list[Message] = []
+    with GuardedConsumer(adapter, "q", called.append, guard):
+        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
+    assert called == []
+    (dead,) = adapter.loop.drain("DLA")
+    assert (f"delivery {delivery} exceeds max-delivery-attempts (3)"
+            in dead.headers[MOVE_REASON_HEADER])
+
+
 # -- policy ------------------------------------------------------------------------------------
 
 def test_delay_follows_artemis_formula() -> None:
@@ -180,13 +193,7 @@ def test_redelivered_copy_counts_its_own_earlier_delivery(guard: Guard) -> None:
     sent = GuardedProducer(adapter, guard).send("q", b"poison").message
     adapter.loop.drain("q")
     sent.headers[PRIOR_DELIVERIES_HEADER] = "2"
-    adapter.loop.enqueue(sent, redeliveries=1)
-    called: list[Message] = []
-    with GuardedConsumer(adapter, "q", called.append, guard):
-        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
-    assert called == []
-    (dead,) = adapter.loop.drain("DLA")
-    assert "delivery 4 exceeds max-delivery-attempts (3)" in dead.headers[MOVE_REASON_HEADER]
+    assert_dead_lettered_unhandled(adapter, guard, sent, redeliveries=1, delivery=4)
 
 
 def test_no_dead_letter_address_drops_with_a_warning(tmp_path: Path,
@@ -239,13 +246,7 @@ def test_delivery_beyond_max_is_dead_lettered_without_the_handler(guard: Guard) 
     for _ in range(3):
         guard.store.delivery_count_incr("q", sent.message_id)
     adapter.loop.drain("q")
-    adapter.loop.enqueue(sent, redeliveries=3)
-    called: list[Message] = []
-    with GuardedConsumer(adapter, "q", called.append, guard):
-        pump_until(adapter, lambda: adapter.loop.depth("DLA") == 1)
-    assert called == []
-    (dead,) = adapter.loop.drain("DLA")
-    assert "delivery 4 exceeds max-delivery-attempts (3)" in dead.headers[MOVE_REASON_HEADER]
+    assert_dead_lettered_unhandled(adapter, guard, sent, redeliveries=3, delivery=4)
 
 
 def test_unrecorded_first_delivery_counts_on_redelivery(guard: Guard) -> None:
