@@ -33,6 +33,19 @@ BROKERS = [
 ]
 
 
+
+def session_ended_at_r2(port: int, data: bytes) -> list[Any]:
+    """Send ``data`` on a new connection: the first SEND is receipted (r1), the second
+    (r2) is answered by an ERROR and the sidecar closes the connection. Returns the frames."""
+    wire = Wire(port)
+    wire.sock.sendall(data)
+    got = wire.until(lambda got: any(f.command == "ERROR" for f in got))
+    wire.until(lambda got: False, timeout=2)
+    assert wire.closed
+    commands = [(f.command, f.get("receipt-id")) for f in wire.frames]
+    assert commands[1:] == [("RECEIPT", "r1"), ("ERROR", "r2")], commands
+    return got
+
 @pytest.fixture
 def proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SidecarThread]:
     handle = request.getfixturevalue(f"{request.param}_server")
@@ -151,15 +164,9 @@ def test_a_send_rejected_by_the_batch_check_releases_the_ids_after_it(
     pending_ms = 60_000
     assert guard.store.ring_reserve(unique_name, [id_digest("held")], capacity,
                                     pending_ms) == [RingOutcome.NEW]
-    wire = Wire(proxy.port)
-    wire.sock.sendall(send(unique_name, "one", "id-1", "r1")
+    got = session_ended_at_r2(proxy.port, send(unique_name, "one", "id-1", "r1")
                       + send(unique_name, "held", "held", "r2")
                       + send(unique_name, "after", "id-3", "r3"))
-    got = wire.until(lambda got: any(f.command == "ERROR" for f in got))
-    wire.until(lambda got: False, timeout=2)
-    assert wire.closed
-    commands = [(f.command, f.get("receipt-id")) for f in wire.frames]
-    assert commands[1:] == [("RECEIPT", "r1"), ("ERROR", "r2")], commands
     assert "DUPLICATE_ID_IN_FLIGHT" in (got[-1].get("message") or "")
     again = Wire(proxy.port)
     again.sock.sendall(send(unique_name, "after-again", "id-3", "r4"))
@@ -180,14 +187,8 @@ def test_a_send_that_cannot_be_forwarded_releases_its_id_and_those_after_it(
     and its id and the ids behind it are free again."""
     bad = (f"SEND\ndestination:/queue/{unique_name}\n_AMQ_DUPL_ID:id-2\nmessage-id:x\n"
            f"receipt:r2\n\nbad\0").encode()
-    wire = Wire(proxy.port)
-    wire.sock.sendall(send(unique_name, "one", "id-1", "r1") + bad
+    got = session_ended_at_r2(proxy.port, send(unique_name, "one", "id-1", "r1") + bad
                       + send(unique_name, "after", "id-3", "r3"))
-    got = wire.until(lambda got: any(f.command == "ERROR" for f in got))
-    wire.until(lambda got: False, timeout=2)
-    assert wire.closed
-    commands = [(f.command, f.get("receipt-id")) for f in wire.frames]
-    assert commands[1:] == [("RECEIPT", "r1"), ("ERROR", "r2")], commands
     assert "reserved" in (got[-1].get("message") or "")
     again = Wire(proxy.port)
     again.sock.sendall(send(unique_name, "two-again", "id-2", "r4")
