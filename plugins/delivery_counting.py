@@ -26,10 +26,11 @@ on brokers that have no delivery count of their own:
   1 h): acks are not confirmed, and when one is lost (the guard or the broker died
   before the broker had it) the broker redelivers a message the guard had already
   dead-lettered or acked; a delayed-redelivery copy whose original's ack was lost
-  arrives after the queue's backlog, however long that is. That delivery counts on from the settled count, so it goes
-  to the dead-letter path again (a second copy there: a duplicate, never a loss)
-  instead of reaching the handler once more. The broker must keep its ``redelivered``
-  flag across its own restarts (ActiveMQ Classic: ``persistJMSRedelivered``).
+  arrives after the queue's backlog, however long that is. That delivery counts on
+  from the settled count, so it goes to the dead-letter path again (a second copy
+  there: a duplicate, never a loss) instead of reaching the handler once more. The
+  broker must keep its ``redelivered`` flag across its own restarts (ActiveMQ Classic:
+  ``persistJMSRedelivered``).
 
 Cost: a first delivery (the broker says it is not a redelivery) is counted as 1
 without a store round trip; the store is written only when a delivery fails or
