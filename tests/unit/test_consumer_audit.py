@@ -41,13 +41,21 @@ def send_twice(adapter: LoopbackAdapter, guard: Guard, body: bytes = b"once") ->
     return message
 
 
-def test_duplicate_delivery_is_acked_without_the_handler(tmp_path: Path) -> None:
+def consume_a_duplicate(tmp_path: Path) -> tuple[Guard, LoopbackAdapter, Message,
+                                                  list[Message]]:
+    """A message delivered twice to a guarded consumer with the default audit; returns the
+    guard, the adapter, the message sent and what the handler received."""
     guard = make_guard(tmp_path)
     adapter = LoopbackAdapter()
     sent = send_twice(adapter, guard)
     handled: list[Message] = []
     with GuardedConsumer(adapter, "q", handled.append, guard):
         assert adapter.pump() == 2
+    return guard, adapter, sent, handled
+
+
+def test_duplicate_delivery_is_acked_without_the_handler(tmp_path: Path) -> None:
+    guard, adapter, sent, handled = consume_a_duplicate(tmp_path)
     assert [m.message_id for m in handled] == [sent.message_id]
     assert len(adapter.acked) == 2
     kinds = [e for e in events(guard) if e["type"] == "duplicate_delivery_suppressed"]

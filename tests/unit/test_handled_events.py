@@ -5,20 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mqguard.consumer import GuardedConsumer
-from mqguard.message import Message
-from mqguard.testing.loopback import LoopbackAdapter
-from tests.unit.test_consumer_audit import events, make_guard, send_twice
+from tests.unit.test_consumer_audit import consume_a_duplicate, events
 
 
 def test_handling_ack_names_its_delivery_and_a_suppressed_duplicate_does_not(
         tmp_path: Path) -> None:
-    guard = make_guard(tmp_path)
-    adapter = LoopbackAdapter()
-    sent = send_twice(adapter, guard)
-    handled: list[Message] = []
-    with GuardedConsumer(adapter, "q", handled.append, guard):
-        assert adapter.pump() == 2
+    guard, _, sent, _ = consume_a_duplicate(tmp_path)
     log = [e for e in events(guard) if e.get("message_id") == sent.message_id]
     (delivered,) = [e for e in log if e["type"] == "delivered"]
     first, second = [e for e in log if e["type"] == "acked"]
