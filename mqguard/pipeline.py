@@ -26,12 +26,14 @@ from mqguard.events import EventLog, EventType, NullEventLog
 from mqguard.hookcall import HotCall, observe
 from mqguard.message import (
     ACTUAL_EXPIRY_HEADER,
+    ID_BYTES,
     MOVE_REASON_HEADER,
     ORIG_ADDRESS_HEADER,
     ORIG_MESSAGE_ID_HEADER,
     ORIG_QUEUE_HEADER,
     PRIOR_DELIVERIES_HEADER,
     Message,
+    encode_ids,
     new_message_id,
     now_ms,
 )
@@ -76,7 +78,7 @@ os.register_at_fork(after_in_child=lambda: _ID_BITS.seed(os.urandom(32)))
 def _stamp_ids(messages: Sequence[Message]) -> None:
     """Give the messages without one an mqguard id, 128 bits each from one call.
 
-    Same form as :func:`~mqguard.message.new_message_id` (32 hex characters). The bits
+    Same form as :func:`~mqguard.message.new_message_id` (:func:`encode_ids`). The bits
     come from a per-process Mersenne Twister seeded with 256 random bits rather than
     from ``os.urandom``: ids must be unique, not unpredictable (any client can write the
     header), and ``os.urandom`` releases the GIL, which on a busy machine let another
@@ -86,9 +88,9 @@ def _stamp_ids(messages: Sequence[Message]) -> None:
     missing = [message for message in messages if not message.message_id]
     if missing:
         count = len(missing)
-        pool = _ID_BITS.getrandbits(128 * count).to_bytes(16 * count, "big").hex()
-        for index, message in enumerate(missing):
-            message.message_id = pool[32 * index:32 * index + 32]
+        pool = _ID_BITS.getrandbits(8 * ID_BYTES * count).to_bytes(ID_BYTES * count, "big")
+        for message, message_id in zip(missing, encode_ids(pool), strict=True):
+            message.message_id = message_id
 
 
 class PendingSend(Protocol):

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from mqguard.adapter import Adapter
-from mqguard.message import Message, new_message_id, now_ms
+from mqguard.message import Message, derived_message_id, new_message_id, now_ms
 from mqguard.pipeline import Guard, SendResult, TransactionState
 from mqguard.registry import open_adapter
 
@@ -29,6 +29,10 @@ class GuardedProducer:
         self._owns_guard = guard is None
         self.guard = guard if guard is not None else Guard(role="producer")
         self.producer_id = producer_id or new_message_id()
+        # An id drawn here is this instance's alone: its messages' ids can be derived from
+        # it (derived_message_id); an application's own producer id may come back after a
+        # restart with the sequence starting over, so its messages get random ids.
+        self._derives_ids = producer_id is None
         # itertools.count is atomic under the GIL: threads may share a producer.
         self._sequence = itertools.count(1)
         self._connected = False
@@ -70,14 +74,17 @@ class GuardedProducer:
             raise ValueError(f"ttl_ms must be > 0, got {ttl_ms}")
         if isinstance(body, str):
             body = body.encode("utf-8")
+        sequence = next(self._sequence)
         return Message(
             address=address,
             body=body,
             headers=dict(headers or {}),
+            message_id=(derived_message_id(self.producer_id, sequence)
+                        if self._derives_ids else ""),
             duplicate_id=duplicate_id,
             expiration=(now_ms() + ttl_ms) if ttl_ms is not None else (expiration or 0),
             producer_id=self.producer_id,
-            sequence=next(self._sequence),
+            sequence=sequence,
         )
 
     def send(self, address: str, body: bytes | str, *,

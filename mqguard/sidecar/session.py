@@ -45,7 +45,13 @@ from mqguard.adapter import Delivery
 from mqguard.adapters.stomp import BROKER_MESSAGE_HEADERS, detect_broker, send_headers
 from mqguard.context import HookContext
 from mqguard.errors import AdapterError, Nack
-from mqguard.message import Message, new_message_id, now_ms, parse_wire_int
+from mqguard.message import (
+    Message,
+    derived_message_id,
+    new_message_id,
+    now_ms,
+    parse_wire_int,
+)
 from mqguard.pipeline import SendResult, TransactionState
 from mqguard.pipeline import _stamp_ids as stamp_ids
 from mqguard.sidecar.frames import (
@@ -740,6 +746,8 @@ class ProxySession:
         if message.producer_id is None:
             message.producer_id = self._producer_id
             message.sequence = next(self._sequence)
+            if not message.message_id:  # the session's producer id is its own: derive
+                message.message_id = derived_message_id(self._producer_id, message.sequence)
         # The client's own expiration: STOMP/ActiveMQ ``expires`` (absolute epoch ms) or
         # RabbitMQ's ``expiration`` (relative ms). It is re-encoded for the broker.
         expires = headers.get("expires")

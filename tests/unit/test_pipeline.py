@@ -160,8 +160,10 @@ def test_disabled_plugin_is_not_registered(tmp_path) -> None:
 
 
 def test_batch_ids_are_unique_and_differ_in_a_forked_child() -> None:
+    import base64
     import multiprocessing
 
+    from mqguard.message import ID_BYTES, ID_LENGTH
     from mqguard.pipeline import _stamp_ids
 
     def stamp(count: int) -> list[str]:
@@ -171,7 +173,9 @@ def test_batch_ids_are_unique_and_differ_in_a_forked_child() -> None:
 
     ids = stamp(1000)
     assert len(set(ids)) == 1000
-    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    # 120 bits as URL-safe base64: 20 characters, every one of them a valid digit.
+    assert all(len(i) == ID_LENGTH and len(base64.urlsafe_b64decode(i)) == ID_BYTES
+               for i in ids)
     # A child forked now would draw the parent's next ids without the reseed at fork.
     context = multiprocessing.get_context("fork")
     parent_end, child_end = context.Pipe()

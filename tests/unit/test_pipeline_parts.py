@@ -14,7 +14,7 @@ from mqguard import hookimpl
 from mqguard.context import HookContext
 from mqguard.errors import AdapterError, MessageRejected
 from mqguard.events import read_events
-from mqguard.message import Message
+from mqguard.message import Message, derived_message_id
 from mqguard.pipeline import FIRST_PART, MAX_PART, PART_GROWTH, Guard
 from mqguard.producer import GuardedProducer
 from mqguard.testing.loopback import LoopbackAdapter
@@ -132,8 +132,8 @@ def test_batch_is_written_in_growing_parts_before_the_rest_is_decided(
     assert recorder.batches == [(size, True) for size in _part_sizes(100)]
     assert all(r.sent for r in results)
     ids = [r.message.message_id for r in results]
-    assert len(set(ids)) == 100  # stamped per part from one draw: still unique
-    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    # The producer drew its own id: its messages' ids are derived from it, in order.
+    assert ids == [derived_message_id(producer.producer_id, n) for n in range(1, 101)]
     assert [m.body for m in parts.loop.drain("q")] == [b"%d" % i for i in range(100)]
     assert recorder.after == [b"%d" % i for i in range(100)]
     assert _terminal(guard) == {"sent": list(range(1, 101))}
