@@ -141,6 +141,8 @@ class ProxySession:
         limits = sidecar.limits
         self._client_decoder = FrameDecoder(limits=limits, commands=CLIENT_COMMANDS)
         self._broker_decoder = FrameDecoder(limits=limits, commands=SERVER_COMMANDS)
+        #: The TCP quick-ack re-armers of both legs (see _QuickAck), closed with them.
+        self._quick_acks: list[_QuickAck] = []
         self._client_source = _FrameSource(reader, self._client_decoder,
                                            self.metrics.bytes.labels("client"))
         self._broker_source: _FrameSource | None = None
@@ -151,6 +153,8 @@ class ProxySession:
         self.broker = "unknown"
         self.leg: UpstreamLeg | None = None
         self._chain = ReceiptChain(self._client_receipt)
+        #: SENDs the broker confirmed whose "sent" bookkeeping is still to run.
+        self._confirmed: list[tuple[Message, HookContext]] = []
         self._subs: dict[str, _Subscription] = {}
         #: ack token -> its subscription, for the client's ACK/NACK.
         self._token_sub: dict[str, _Subscription] = {}
@@ -202,6 +206,7 @@ class ProxySession:
 
     async def _close(self, outcome: str) -> None:
         lost = self._chain.fail_all(f"session ended ({outcome})")
+        self._settle_confirmed()
         if lost:
             log.warning("session %s: %d receipt(s) the client asked for will not come: the "
                         "connection ended first", self.label, len(lost))
@@ -212,6 +217,9 @@ class ProxySession:
             if out is not None:
                 with contextlib.suppress(Exception):
                     out.flush()
+        for quick_ack in self._quick_acks:
+            quick_ack.close()  # before the connections: a duplicate would keep one open
+        self._quick_acks.clear()
         for writer in (self._broker_writer, self._client_writer):
             if writer is None:
                 continue
@@ -272,7 +280,7 @@ class ProxySession:
         self._broker_out = Outbox(writer, asyncio.get_running_loop())
         self._broker_source = _FrameSource(reader, self._broker_decoder,
                                            self.metrics.bytes.labels("broker"),
-                                           after_read=_quick_ack(writer))
+                                           after_read=self._quick_ack_of(writer))
         try:
             data = encode(connect, "1.0")
         except FrameError as exc:
@@ -320,7 +328,7 @@ class ProxySession:
         if self.broker == "rabbitmq" and self._broker_source is not None:
             # RabbitMQ's STOMP listener writes with TCP_NODELAY (its default
             # tcp_listen_options): no segment of it waits for our ack, so the quick-ack
-            # system call after every read (see _quick_ack) buys nothing there.
+            # system call after every read (see _QuickAck) buys nothing there.
             self._broker_source.after_read = None
         self._client_decoder.version = self.version
         self._broker_decoder.version = self.version
@@ -452,7 +460,14 @@ class ProxySession:
                     assert isinstance(item, Frame)
                     frame_count("broker", item.command)
                     if self._on_broker_frame(item):
+                        self._settle_confirmed()
                         return "broker-error"
+                # The client's RECEIPTs and MESSAGEs leave now, before the bookkeeping
+                # of the confirmed SENDs: a pipelining client waits for its last RECEIPT
+                # before it sends again, so that bookkeeping is off its critical path.
+                out.flush()
+                if self._confirmed:
+                    self._settle_confirmed()
                 if out.buffered() > _BACKLOG:
                     await self._drain(out)
         except FrameError as exc:
@@ -481,6 +496,12 @@ class ProxySession:
             out.flush()
             await out.writer.drain()
 
+    def _quick_ack_of(self, writer: asyncio.StreamWriter) -> _QuickAck | None:
+        quick_ack = _QuickAck.of(writer)
+        if quick_ack is not None:
+            self._quick_acks.append(quick_ack)
+        return quick_ack
+
     # -- writing -------------------------------------------------------------------------
 
     def _write_client(self, frame: Frame) -> None:
@@ -499,6 +520,15 @@ class ProxySession:
     def _write_broker_bytes(self, data: bytes) -> None:
         if self._broker_out is not None:
             self._broker_out.write(data)
+
+    def _settle_confirmed(self) -> None:
+        """The "sent" event and ``after_send`` of every SEND the broker confirmed since the
+        last call, in confirmation order; the events in one append (one timestamp)."""
+        confirmed = self._confirmed
+        if confirmed:
+            batch = confirmed[:]
+            confirmed.clear()
+            self.guard._settle_sent(batch)
 
     def _client_receipt(self, receipt_id: str) -> None:
         self._client_out.write(encode_bodiless("RECEIPT", [("receipt-id", receipt_id)],
@@ -732,11 +762,14 @@ class ProxySession:
         else:
             # A receipt of our own on every SEND: the "sent" event then means the broker
             # has the message, and an unconfirmed one is recorded as an unknown outcome.
+            # The "sent" bookkeeping (event, after_send) is queued, not run, when the
+            # RECEIPT comes: see _settle_confirmed.
             guard = self.guard
             sent = message
+            confirmed = self._confirmed
             out.headers.append(("receipt", self._chain.expect(
                 receipt,
-                on_done=lambda: guard.sent(sent, ctx),
+                on_done=lambda: confirmed.append((sent, ctx)),
                 on_fail=lambda reason: guard.send_failed(sent, ctx, AdapterError(reason)))))
         self._write_broker(out)
 
@@ -934,15 +967,18 @@ class ProxySession:
 
     def _on_message(self, frame: Frame) -> None:
         assert self.leg is not None
-        # One pass over the headers: all of them (first occurrence wins) for the lookups
-        # below, and the message's own (without the broker's) for the guard.
-        headers: dict[str, str] = {}
-        own: dict[str, str] = {}
-        for key, value in frame.headers:
-            if key not in headers:
-                headers[key] = value
-                if key not in BROKER_MESSAGE_HEADERS:
-                    own[key] = value
+        # All headers (first occurrence wins) for the lookups below, and the message's
+        # own (without the broker's) for the guard. dict() keeps the last occurrence, so
+        # it is only taken when no name repeats (always, from the brokers seen so far).
+        raw = frame.headers
+        headers = dict(raw)
+        if len(headers) != len(raw):
+            headers = {}
+            for key, value in raw:
+                if key not in headers:
+                    headers[key] = value
+        own = {key: value for key, value in headers.items()
+               if key not in BROKER_MESSAGE_HEADERS}
         echoed = headers.get("receipt")
         if echoed is not None and echoed.startswith(CHAIN_RECEIPT_PREFIX):
             # RabbitMQ echoes a SEND's receipt header in the MESSAGE: it is the
@@ -1091,25 +1127,52 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-def _quick_ack(writer: asyncio.StreamWriter) -> Callable[[], None] | None:
+class _QuickAck:
     """Re-arms TCP_QUICKACK on the broker connection, for after each read (Linux only).
 
     The sidecar asks for a RECEIPT on every SEND. A broker writing with Nagle on
-    (ActiveMQ's default transport) then sends the RECEIPT and the MESSAGE behind it as
-    two small segments, and the MESSAGE waits for the TCP ack of the RECEIPT, which
-    Linux delays by 40 ms: +44 ms on every one-at-a-time exchange (``bench proxy``).
-    The kernel leaves quick-ack mode by itself, hence once per read (one syscall).
+    (ActiveMQ's default transport) then sends the RECEIPT and the MESSAGE behind it
+    as two small segments, and the MESSAGE waits for the TCP ack of the RECEIPT,
+    which Linux delays by 40 ms: +44 ms on every one-at-a-time exchange
+    (``bench proxy``). The kernel leaves quick-ack mode by itself, hence once per
+    read. The option is set through one duplicate of the connection's socket made
+    here: uvloop's socket stand-in builds a socket object per call (a ``getsockname``
+    and a ``setsockopt`` system call, and Python objects, per read). :meth:`close`
+    closes that duplicate, before the connection itself is closed.
+
+    Not on the client leg: tried (after reads holding SENDs, so that a Nagle client's
+    next SENDs come without waiting for the first RECEIPT), it measured no gain in
+    ``bench proxy``, and it changes when a pipelined duplicate arrives relative to the
+    confirmation of its original (``tests/integration/test_sidecar.py``).
     """
-    option = getattr(socket, "TCP_QUICKACK", None)
-    sock = writer.get_extra_info("socket")
-    if option is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return None
 
-    def quick_ack() -> None:
+    __slots__ = ("_option", "_sock")
+
+    def __init__(self, sock: socket.socket, option: int) -> None:
+        self._sock = sock
+        self._option = option
+
+    @classmethod
+    def of(cls, writer: asyncio.StreamWriter) -> _QuickAck | None:
+        """For the connection of ``writer``; None where the option does not apply."""
+        option = getattr(socket, "TCP_QUICKACK", None)
+        sock = writer.get_extra_info("socket")
+        if option is None or sock is None or sock.family not in (socket.AF_INET,
+                                                                 socket.AF_INET6):
+            return None
+        try:
+            own = sock.dup()
+        except OSError:
+            return None
+        return cls(own, option)
+
+    def __call__(self) -> None:
         with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, option, 1)
+            self._sock.setsockopt(socket.IPPROTO_TCP, self._option, 1)
 
-    return quick_ack
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
 
 
 def _without_padding(items: list[Frame | object]) -> list[Frame | object]:

@@ -401,3 +401,40 @@ def test_disconnect_right_after_sends_loses_no_confirmation(
     wait_for(lambda: len(reader.messages) == 50, 15, "all 50")
     kinds = Counter(e["type"] for e in events(tmp_path, proxy))
     assert (kinds["sent"], kinds["send_failed"]) == (50, 0)
+
+
+def _open_sockets() -> int:
+    """Socket descriptors of this process (client and sidecar share it)."""
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            count += fd.readlink().name.startswith("socket:")
+        except OSError:  # closed meanwhile
+            pass
+    return count
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_confirmed_sends_recorded_and_session_end_closes_everything(
+        proxy: SidecarThread, clients: list[Client], tmp_path: Path, unique_name: str) -> None:
+    """The "sent" bookkeeping runs after the client's RECEIPTs are written (one batch per
+    broker read): every confirmed SEND still gets its event. And a session leaves no
+    socket behind: the broker leg's quick-ack socket is a duplicate of the connection's,
+    which would otherwise keep that connection (and a descriptor) open."""
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc (Linux)")
+    before = _open_sockets()
+    client = connect(proxy, clients)
+    queue = f"/queue/{unique_name}"
+    for i in range(40):
+        client.conn.send(queue, f"m-{i}", receipt=f"r{i}")
+    wait_for(lambda: len(client.receipts) == 40, 10, "40 receipts")
+    assert client.receipts == [f"r{i}" for i in range(40)]
+    wait_for(lambda: len([e for e in events(tmp_path, proxy) if e["type"] == "sent"]) == 40,
+             5, "a sent event per confirmed SEND")
+    sent = [e for e in events(tmp_path, proxy) if e["type"] == "sent"]
+    assert len({e["message_id"] for e in sent}) == 40
+    client.conn.disconnect(receipt="bye")
+    wait_for(lambda: not proxy.sidecar.sessions, 10, "the session to end")
+    # The client's socket (this process) and both legs of the sidecar are closed again.
+    wait_for(lambda: _open_sockets() <= before, 10, f"socket descriptors back to {before}")
