@@ -7,6 +7,7 @@ expired message reaches the expiry address, a duplicate delivery is suppressed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import subprocess
@@ -407,10 +408,8 @@ def _open_sockets() -> int:
     """Socket descriptors of this process (client and sidecar share it)."""
     count = 0
     for fd in Path("/proc/self/fd").iterdir():
-        try:
+        with contextlib.suppress(OSError):  # closed meanwhile
             count += fd.readlink().name.startswith("socket:")
-        except OSError:  # closed meanwhile
-            pass
     return count
 
 
