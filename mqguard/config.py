@@ -12,7 +12,7 @@ import re
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -40,8 +40,11 @@ class EventLogConfig(_Section):
     directory: str = "mqguard-events"
     #: Rotate the current file once it exceeds this many bytes.
     max_bytes: int = Field(64 * 1024 * 1024, ge=4096)
-    #: Rotated files kept per process (gzip-compressed); 0 keeps them all.
+    #: Rotated files kept per process; 0 keeps them all.
     backup_count: int = Field(20, ge=0)
+    #: Format of rotated files: ``parquet`` (columnar, what ``mqguard audit`` reads
+    #: fastest) or ``jsonl.gz`` (gzipped lines, as before). The current file is JSONL.
+    rotated_format: Literal["parquet", "jsonl.gz"] = "parquet"
     #: Upper bound on how long an event may sit in memory before it is written.
     flush_interval_ms: int = Field(200, ge=1, le=60_000)
     #: Events buffered before a write is forced regardless of the time bound.

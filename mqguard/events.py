@@ -119,7 +119,12 @@ class EventLog:
         buffer_events: int = 4096,
         fsync: bool = False,
         sync: bool = False,
+        rotated_format: str = "parquet",
     ) -> None:
+        if rotated_format not in ROTATED_FORMATS:
+            raise ValueError(f"rotated_format {rotated_format!r}: expected one of "
+                             f"{', '.join(ROTATED_FORMATS)}")
+        self._rotated_format = rotated_format
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.node_id = node_id
@@ -234,22 +239,33 @@ class EventLog:
     # -- rotation ---------------------------------------------------------------------
 
     def _rotated_files(self) -> list[Path]:
-        return sorted(self.directory.glob(f"{self._stem}.*.jsonl.gz"))
+        """This node's rotated segments (either format), oldest first."""
+        found = [(int(m.group(1)), p) for p in self.directory.glob(f"{self._stem}.*")
+                 if (m := _ROTATED_NAME.fullmatch(p.name.removeprefix(self._stem)))]
+        return [p for _, p in sorted(found)]
 
     def _next_rotation_number(self) -> int:
-        numbers = [int(p.name.split(".")[-3]) for p in self._rotated_files()
-                   if p.name.split(".")[-3].isdigit()]
+        numbers = [int(m.group(1)) for p in self._rotated_files()
+                   if (m := _ROTATED_NAME.fullmatch(p.name.removeprefix(self._stem)))]
         return max(numbers, default=0) + 1
 
     def _rotate(self) -> None:
-        # Called with _write_lock held. The closed file is compressed under a
-        # temporary name and renamed, so a reader never sees half a gzip file.
+        # Called with _write_lock held. The closed segment is converted under a
+        # temporary name and renamed, so a reader never sees half a file.
         self._file.close()
-        target = self.directory / f"{self._stem}.{self._rotation:06d}.jsonl.gz"
-        partial = target.with_suffix(".gz.partial")
-        with open(self.path, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst)
-        partial.rename(target)
+        number = f"{self._stem}.{self._rotation:06d}"
+        converted = False
+        if self._rotated_format == "parquet":
+            converted = _to_parquet(self.path, self.directory / f"{number}.parquet")
+        if not converted:
+            # jsonl.gz by choice, or a segment Parquet cannot hold exactly (a line cut
+            # by a killed process, a field of another type): kept whole, gzipped.
+            target = self.directory / f"{number}.jsonl.gz"
+            partial = target.with_name(target.name + ".partial")
+            with (open(self.path, "rb") as src,
+                  gzip.open(partial, "wb", compresslevel=6) as dst):
+                shutil.copyfileobj(src, dst)
+            partial.rename(target)
         self._rotation += 1
         self._file = open(self.path, "wb")  # noqa: SIM115
         self._size = 0
@@ -309,21 +325,88 @@ def _close_open_logs() -> None:
 
 
 def iter_event_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
-    """Expand directories into their event files (rotated ones first, in order)."""
+    """Expand directories into their event files (rotated ones first, in order:
+    ``.parquet`` and ``.jsonl.gz`` segments by name, then the live ``.jsonl`` files).
+    Segments still being converted (``*.partial``) are never listed."""
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            yield from sorted(path.glob("*.jsonl.gz"))
+            yield from sorted([*path.glob("*.jsonl.gz"), *path.glob("*.parquet")])
             yield from sorted(path.glob("*.jsonl"))
         else:
             yield path
 
 
 def read_events(*paths: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Read events back from files or directories (``.jsonl`` and ``.jsonl.gz``)."""
+    """Read events back from files or directories (``.jsonl``, ``.jsonl.gz`` and
+    ``.parquet`` segments), each as the dict the writer wrote: absent fields absent."""
     for path in iter_event_files(paths):
+        if path.suffix == ".parquet":
+            yield from _read_parquet(path)
+            continue
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt", encoding="utf-8") as handle:
             for line in handle:
                 if line.strip():
                     yield json.loads(line)
+
+
+# -- Parquet segments ------------------------------------------------------------------
+
+#: Formats of rotated segments (``[mqguard.event-log] rotated-format``).
+ROTATED_FORMATS = ("parquet", "jsonl.gz")
+#: A rotated segment's name after the stem: ``.<number>.parquet`` / ``.<number>.jsonl.gz``.
+_ROTATED_NAME = re.compile(r"\.(\d{6,})\.(?:parquet|jsonl\.gz)")
+
+#: Types of every field of schema version 1 (docs/events.md): Parquet columns are
+#: typed, and a segment's columns must not depend on which fields it happened to hold.
+FIELD_TYPES: dict[str, type] = {
+    "v": int, "ts": int, "type": str, "node": str, "address": str, "message_id": str,
+    "duplicate_id": str, "producer_id": str, "seq": int, "expiration": int,
+    "delivery_count": int, "native_delivery_count": int, "delay_ms": int, "mechanism": str,
+    "broker_message_id": str, "queue": str, "transaction": str, "reason": str,
+    "target": str, "new_message_id": str, "ack_reason": str, "handled": bool,
+    "delivered_ts": int, "requeue": bool, "count": int, "group": str, "mode": str,
+    "target_node": str, "source_node": str, "bridge_id": str,
+}
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    kinds = {int: pa.int64(), str: pa.string(), bool: pa.bool_()}
+    return pa.schema([(name, kinds[kind]) for name, kind in FIELD_TYPES.items()])
+
+
+def _to_parquet(source: Path, target: Path) -> bool:
+    """Convert the JSONL segment ``source`` to ``target`` (via ``target.partial`` and a
+    rename). False, and nothing written, when a line does not fit the schema: the
+    caller then keeps the segment as JSONL, so no event is ever lost to a conversion."""
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    partial = target.with_name(target.name + ".partial")
+    try:
+        table = pj.read_json(source, parse_options=pj.ParseOptions(
+            explicit_schema=_arrow_schema(),
+            # Fields added after this writer (docs/events.md allows new optional
+            # ones) are kept with the type read, not dropped.
+            unexpected_field_behavior="infer",
+            newlines_in_values=False))
+        # Dictionary-encoded strings (types, nodes, addresses, queues repeat) and
+        # zstd: small files the audit reads column by column.
+        pq.write_table(table, partial, compression="zstd", use_dictionary=True,
+                       row_group_size=1 << 20)
+    except Exception:
+        partial.unlink(missing_ok=True)
+        return False
+    partial.rename(target)
+    return True
+
+
+def _read_parquet(path: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=65536):
+        for row in batch.to_pylist():
+            yield {k: v for k, v in row.items() if v is not None}

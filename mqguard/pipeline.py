@@ -133,7 +133,7 @@ def make_event_log(config: MqguardConfig) -> EventLog:
                     backup_count=settings.backup_count,
                     flush_interval_ms=settings.flush_interval_ms,
                     buffer_events=settings.buffer_events, fsync=settings.fsync,
-                    sync=settings.sync)
+                    sync=settings.sync, rotated_format=settings.rotated_format)
 
 
 class Guard:

@@ -141,8 +141,8 @@ def event_rows(events: DataFrame) -> DataFrame:
         "*", F.posexplode(F.array_compact(F.array(own_key, copy_key))).alias("pos", "key"))
     copy = F.col("pos") == 1
     rows = exploded.select(
-        "key", "pos", "node", "file", "row", "ts", "ack_reason", "target", "expiration",
-        "delivery_count", "delay_ms", "handled", "delivered_ts",
+        "key", "pos", "node", "file", "file_rank", "row", "ts", "ack_reason", "target",
+        "expiration", "delivery_count", "delay_ms", "handled", "delivered_ts",
         F.when(copy, F.lit(COPIED)).when(valid, F.col("type")).alias("type"),
         F.when(copy, F.col("target")).otherwise(F.col("address")).alias("address"),
         F.when(~copy, F.col("queue")).alias("queue"),
@@ -249,7 +249,11 @@ def address_stats(facts: DataFrame) -> DataFrame:
     """Per address: counts, time range, and ``drained_to`` -- the latest send time of
     a message with a fate, the evidence that consumers got that far (see *unseen*)."""
     message = F.col("is_message")
+    # The lean plan's facts also say whether its keys can be trusted (lean.py).
+    extra = [F.sum(F.col(name).cast("long")).alias(name) for name in ("legacy", "collisions")
+             if name in facts.columns]
     return facts.groupBy("address").agg(
+        *extra,
         F.count_if(message).alias("messages"),
         F.sum("events").alias("events"),
         F.sum("bad").alias("bad"),
@@ -309,6 +313,26 @@ def _finding(name: str, detail: Column, *, ts: Column, queue: Column | None = No
     )
 
 
+def may_be_finding(guarded: Column, mark: Column, limit: Column) -> Column:
+    """A necessary condition of every class on a message's facts (the pre-filter):
+    true for every message :func:`classify` reports, and for few others."""
+    c = F.col
+    accepted = c("sent") > 0
+    seen = c("deliver_path") > 0
+    origin_known = accepted | (c("send_failed") > 0) | (c("copies") > 0)
+    judged_send = guarded & accepted & (c("first_sent_ts") <= mark) & c("terminal_ts").isNull()
+    return (judged_send
+            | (guarded & ~origin_known & seen)
+            | (guarded & ~accepted & (c("send_failed") > 0))
+            | (~guarded & seen)
+            | c("dead_letter_count").isNotNull()
+            | (c("dead_letters") > 0) | (c("expiries") > 0)
+            | F.coalesce(c("any_duplicated"), F.lit(False))
+            | F.coalesce(c("max_late") > 0, F.lit(False))
+            | F.coalesce(limit.isNotNull() & (c("max_queue_deliveries") > limit),
+                         F.lit(False)))
+
+
 def classify(facts: DataFrame, context: DataFrame, watermark: int,
              options: CheckOptions = CheckOptions(),
              details: Callable[[DataFrame], DataFrame] | None = None) -> DataFrame:
@@ -318,13 +342,19 @@ def classify(facts: DataFrame, context: DataFrame, watermark: int,
     :mod:`mqguard.audit.hashed`), a function giving them (``key``, ``queues``,
     ``dead_letter_targets``, ``expiry_targets``, ``moved_targets``) for the keys of
     the frame it is passed; it is called only for the messages the pre-filter keeps.
+    With the lean plan (:mod:`mqguard.audit.lean`) ``key`` is a 64-bit hash, ``facts``
+    has ``guarded`` and the details bring the ``message_id`` string.
     """
     c = F.col
     mark = F.lit(watermark).cast(LongType())
     joined = facts.filter(c("is_message")).join(F.broadcast(context), "address", "left")
 
     key = c("key")
-    guarded = ~(key.startswith(UNGUARDED_PREFIXES[0]) | key.startswith(UNGUARDED_PREFIXES[1]))
+    if "guarded" in facts.columns:  # the lean plan's keys are hashes: it says so itself
+        guarded = c("guarded")
+    else:
+        guarded = ~(key.startswith(UNGUARDED_PREFIXES[0])
+                    | key.startswith(UNGUARDED_PREFIXES[1]))
     accepted = c("sent") > 0
     no_fate = c("terminal_ts").isNull()
     judged_send = guarded & accepted & (c("first_sent_ts") <= mark) & no_fate
@@ -348,17 +378,7 @@ def classify(facts: DataFrame, context: DataFrame, watermark: int,
     # every class (plain columns, compiled) spares them the finding structs and the
     # higher-order functions over ``queues`` below, which are evaluated row by row.
     # At 10 million events that building was 20 of the audit's 217 CPU seconds.
-    maybe = (judged_send
-             | (guarded & ~origin_known & seen)
-             | (guarded & ~accepted & (c("send_failed") > 0))
-             | (~guarded & seen)
-             | c("dead_letter_count").isNotNull()
-             | (c("dead_letters") > 0) | (c("expiries") > 0)
-             | F.coalesce(c("any_duplicated"), F.lit(False))
-             | F.coalesce(c("max_late") > 0, F.lit(False))
-             | F.coalesce(limit.isNotNull() & (c("max_queue_deliveries") > limit),
-                          F.lit(False)))
-    joined = joined.filter(maybe)
+    joined = joined.filter(may_be_finding(guarded, mark, limit))
     if details is not None:
         joined = joined.join(details(joined.select("key")), "key", "left")
 
@@ -427,7 +447,9 @@ def classify(facts: DataFrame, context: DataFrame, watermark: int,
                 q["late"], q["queue"], q["late_by_ms"]),
             ts=q["first_late_ts"], queue=q["queue"], deliveries=q["late"]))
 
-    found = joined.select(key.alias("message_id"), "address",
+    # The lean plan's details carry the message id string (its ``key`` is a hash).
+    message_id = c("message_id") if "message_id" in joined.columns else key
+    found = joined.select(message_id.alias("message_id"), "address",
                           F.explode(F.concat(per_message, duplicated, over, late)).alias("f"))
     return found.select(
         c("f.class").alias("class"), "message_id", "address", c("f.queue").alias("queue"),

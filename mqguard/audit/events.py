@@ -15,10 +15,12 @@ empty audit; URLs (``hdfs://``, ``s3a://``...) are handed to Spark unchanged.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from collections.abc import Iterable, Sequence
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -73,7 +75,11 @@ AUDIT_FIELDS = ("v", "ts", "type", "node", "address", "message_id", "queue", "ta
 
 CORRUPT_COLUMN = "_corrupt_record"
 
-_EVENT_SUFFIXES = (".jsonl", ".jsonl.gz")
+_EVENT_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+#: Positions pack the file's rank into 6 decimal digits (mqguard/audit/hashed.py).
+MAX_FILES = 999_999
+#: Rotated segments: Parquet (the writer's default) or gzipped JSONL (older writers).
+_ROTATED_SUFFIXES = (".parquet", ".jsonl.gz")
 
 
 class AuditInputError(MqguardError):
@@ -88,7 +94,7 @@ def _is_url(path: str) -> bool:
 def _directory_files(directory: str) -> list[str]:
     # Rotated files first, then the current one: the order EventLog wrote them in.
     names = sorted(os.listdir(directory))
-    rotated = [n for n in names if n.endswith(".jsonl.gz")]
+    rotated = [n for n in names if n.endswith(_ROTATED_SUFFIXES)]
     current = [n for n in names if n.endswith(".jsonl")]
     return [os.path.join(directory, n) for n in (*rotated, *current)
             if os.path.isfile(os.path.join(directory, n))]
@@ -114,13 +120,14 @@ def expand_inputs(inputs: Iterable[str]) -> list[str]:
                 elif match.endswith(_EVENT_SUFFIXES):
                     found.append(match)
             if not found:
-                raise AuditInputError(f"{raw}: no event files (*.jsonl, *.jsonl.gz) match")
+                raise AuditInputError(f"{raw}: no event files (*.jsonl, *.jsonl.gz, *.parquet) "
+                                      "match")
             files.extend(found)
         elif os.path.isdir(path):
             found = _directory_files(path)
             if not found:
-                raise AuditInputError(f"{raw}: no event files (*.jsonl, *.jsonl.gz) in this "
-                                      "directory")
+                raise AuditInputError(f"{raw}: no event files (*.jsonl, *.jsonl.gz, *.parquet) "
+                                      "in this directory")
             files.extend(found)
         elif os.path.isfile(path):
             files.append(path)
@@ -137,29 +144,83 @@ def read_schema(fields: Sequence[str] = AUDIT_FIELDS) -> StructType:
                       + [StructField(CORRUPT_COLUMN, StringType())])
 
 
-def load_events(spark: SparkSession, files: Sequence[str]) -> DataFrame:
-    """The events of ``files`` with two ordering columns added.
+def load_events(spark: SparkSession, files: Sequence[str],
+                cache_jsonl_bytes: int = 0) -> DataFrame:
+    """The events of ``files`` (JSONL, gzipped JSONL, Parquet segments) with three
+    ordering columns added.
 
-    ``file`` (the file's path) and ``row`` (increasing with the line within a
-    file) give the order one process wrote its events in, which the
-    millisecond ``ts`` cannot: a fast handler's ``delivered`` and ``acked`` share
-    a millisecond. Rotated names sort before the current file of the same node
-    (``events-n.000001.jsonl.gz`` < ``events-n.jsonl``), so (file, row) is the
+    ``file`` (the file's path), ``file_rank`` (its index in ``files``) and ``row``
+    (increasing with the line within a file) give the order one process wrote its
+    events in, which the millisecond ``ts`` cannot: a fast handler's ``delivered``
+    and ``acked`` share a millisecond. Rotated names sort before the current file
+    of the same node (``events-n.000001.parquet`` < ``events-n.jsonl``), and
+    :func:`expand_inputs` lists them so, so (file, row) and (file_rank, row) are the
     writing order across rotations too.
+
+    ``cache_jsonl_bytes``: when the JSON files (the live tails next to Parquet
+    segments) hold at most this many bytes (gzipped ones counted 8 times), their
+    parsed rows are cached, so that the audit's passes parse them once. The caller
+    unpersists them (:func:`uncache`).
     """
     if not files:
         raise AuditInputError("no input files")
-    reader = (spark.read.schema(read_schema())
-              .option("mode", "PERMISSIVE")
-              .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-              # A rotated file deleted (backup-count) between listing and reading.
-              .option("ignoreMissingFiles", "true"))
-    frame = reader.json(list(files))
-    return frame.select(
-        *AUDIT_FIELDS, CORRUPT_COLUMN,
-        F.col("_metadata.file_path").alias("file"),
-        F.monotonically_increasing_id().alias("row"),
-    )
+    if len(files) > MAX_FILES:
+        raise AuditInputError(f"{len(files)} input files: at most {MAX_FILES:,} per audit")
+    by_name = {f.name: f for f in EVENT_SCHEMA.fields}
+    parquet_schema = StructType([by_name[n] for n in AUDIT_FIELDS])
+    frames = []
+    json_frames = []
+    # One read per file, tagged with its rank: Spark packs small files into one
+    # partition largest first, so the scan order alone is not the writing order
+    # across a rotation (a delivery at the end of one segment, its ack at the start
+    # of the next). (file_rank, row) is.
+    for rank, path in enumerate(files):
+        if path.endswith(".parquet"):
+            # Rotated segments the writer converted: the same fields, typed, no bad lines.
+            frame = (spark.read.schema(parquet_schema)
+                     .option("ignoreMissingFiles", "true").parquet(path)
+                     .select(*AUDIT_FIELDS,
+                             F.lit(None).cast(StringType()).alias(CORRUPT_COLUMN)))
+        else:
+            frame = (spark.read.schema(read_schema())
+                     .option("mode", "PERMISSIVE")
+                     .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+                     # A rotated file deleted (backup-count) between listing and reading.
+                     .option("ignoreMissingFiles", "true")
+                     .json(path).select(*AUDIT_FIELDS, CORRUPT_COLUMN))
+        frame = frame.select("*", F.col("_metadata.file_path").alias("file"),
+                             F.lit(rank).alias("file_rank"))
+        (frames if path.endswith(".parquet") else json_frames).append(frame)
+    if json_frames and frames and cache_jsonl_bytes and _json_bytes(files) <= cache_jsonl_bytes:
+        cached = functools.reduce(DataFrame.unionAll, json_frames).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        _CACHED.append(cached)
+        json_frames = [cached]
+    frame = functools.reduce(DataFrame.unionAll, frames + json_frames)
+    return frame.select("*", F.monotonically_increasing_id().alias("row"))
+
+
+#: JSON rows cached by :func:`load_events` and not yet released by :func:`uncache`.
+_CACHED: list[DataFrame] = []
+
+
+def uncache() -> None:
+    """Release what :func:`load_events` cached."""
+    while _CACHED:
+        _CACHED.pop().unpersist()
+
+
+def _json_bytes(files: Sequence[str]) -> int:
+    total = 0
+    for path in files:
+        if path.endswith(".parquet") or _is_url(path):
+            continue
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            continue
+        total += size * 8 if path.endswith(".gz") else size
+    return total
 
 
 def valid_event() -> Column:

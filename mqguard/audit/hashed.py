@@ -67,16 +67,24 @@ def _types(*names: str) -> Column:
 
 
 def _position(ts: Column) -> Column:
-    """(``ts``, ``row``) as one number ordered like the pair (``row`` < 10**19)."""
-    return (ts.cast(_POSITION) * F.expr(f"CAST(10000000000000000000 AS {_POSITION})")
+    """(``ts``, ``file_rank``, ``row``) as one number ordered like the triple: ``ts``
+    below 10**13 (epoch ms until the year 2286), ``file_rank`` below 10**6
+    (:data:`mqguard.audit.events.MAX_FILES`), ``row`` below 10**19 (a long)."""
+    return (ts.cast(_POSITION) * F.expr(f"CAST(10000000000000000000000000 AS {_POSITION})")
+            + F.col("file_rank").cast(_POSITION)
+            * F.expr(f"CAST(10000000000000000000 AS {_POSITION})")
             + F.col("row").cast(_POSITION))
 
 
 def groups(events: DataFrame, options: CheckOptions | None = None) -> DataFrame:
     """Stage 1: one row per (``key``, ``queue``, ``target``, ``address``); see module doc."""
+    return group_rows(event_rows(events), options)
+
+
+def group_rows(rows: DataFrame, options: CheckOptions | None = None) -> DataFrame:
+    """:func:`groups` of rows already made by :func:`mqguard.audit.checks.event_rows`."""
     options = options or CheckOptions()
     c = F.col
-    rows = event_rows(events)
     delivered = _is(E.DELIVERED)
     normal_ack = (_is(E.ACKED) & (c("ack_reason") == F.lit(AckReason.NORMAL.value))
                   & c("queue").isNotNull())
@@ -205,12 +213,16 @@ def facts(spark: SparkSession, grouped: DataFrame, dictionary: AddressDictionary
 def details(grouped: DataFrame, keys: DataFrame) -> DataFrame:
     """The per-queue facts and target sets of ``keys`` (few: the pre-filter's survivors),
     as the writing-order plan has them in every fact row."""
+    return details_of(grouped.join(keys.hint("shuffle_hash"), "key", "left_semi"))
+
+
+def details_of(chosen: DataFrame) -> DataFrame:
+    """:func:`details` of every key of the groups ``chosen``."""
     c = F.col
     queue_fact = F.struct(
         c("gq").alias("queue"), c("deliveries"), c("handlings"), c("first_handled_ts"),
         c("duplicated"), c("late"), c("first_late_ts"), c("late_by_ms"))
     target_row = c("gt").isNotNull()
-    chosen = grouped.join(keys.hint("shuffle_hash"), "key", "left_semi")
     return chosen.groupBy("key").agg(
         F.collect_list(F.when(c("gq").isNotNull(), queue_fact)).alias("queues"),
         F.collect_set(F.when(target_row & (c("dead_lettered") > 0), c("gt"))

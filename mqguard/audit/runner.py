@@ -16,7 +16,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from mqguard.audit import hashed, report
+from mqguard.audit import hashed, lean, report
 from mqguard.audit.checks import (
     CheckOptions,
     address_stats,
@@ -25,7 +25,7 @@ from mqguard.audit.checks import (
     message_facts,
 )
 from mqguard.audit.cross_checks import CROSS_CLASSES, CrossChecks, CrossInputs, prepare
-from mqguard.audit.events import expand_inputs, load_events
+from mqguard.audit.events import expand_inputs, load_events, uncache
 from mqguard.audit.limits import resolve_limits
 from mqguard.audit.summary import (
     build_summary,
@@ -38,6 +38,9 @@ from mqguard.config import MqguardConfig, parse_config
 
 DEFAULT_GRACE_MS = 5000
 DEFAULT_OUT = "mqguard-audit"
+#: JSONL input parsed once and cached when Parquet segments are read too and it is
+#: at most this large (the live tails: up to max-bytes per node).
+JSONL_CACHE_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -91,41 +94,67 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     os.makedirs(options.out, exist_ok=True)
 
     progress(f"reading {len(files)} file(s)")
-    events = load_events(spark, files)
-    # The hash plan (mqguard/audit/hashed.py) needs acked events that say whether they
-    # end a handling; a log written before that goes by writing order (one sort).
-    grouped = hashed.groups(events, options.checks).persist(StorageLevel.MEMORY_AND_DISK)
-    dictionary = hashed.address_dictionary(grouped)
-    details: Callable[[DataFrame], DataFrame] | None = None
-    if dictionary.legacy:
-        grouped.unpersist()
-        plan = "writing order"
-        facts = message_facts(events, options.checks)
+    # The live JSONL tails next to Parquet segments are parsed once for the three
+    # passes below (at most a few segments' worth: max-bytes per node).
+    events = load_events(spark, files, cache_jsonl_bytes=JSONL_CACHE_BYTES)
+    # The lean plan (mqguard/audit/lean.py): a pass for the names and time range,
+    # one pass on 64-bit keys for everything else, a filtered read for the few
+    # messages that may be findings. Logs written before acked said whether it ended
+    # a handling go by writing order (one sort); a 64-bit key collision by the
+    # string-keyed hash plan (mqguard/audit/hashed.py).
+    names = lean.address_names(events)
+    if options.watermark is not None:
+        watermark, source = options.watermark, "given"
+    elif names.last_ts is not None:
+        watermark = names.last_ts - options.grace_ms
+        source = f"last event - {options.grace_ms} ms"
     else:
-        plan = "hash"
-        facts = hashed.facts(spark, grouped, dictionary)
-        details = functools.partial(hashed.details, grouped)
-    # Used three times (per-address figures, charts, the classification): computed once.
-    facts = facts.persist(StorageLevel.MEMORY_AND_DISK)
+        watermark, source = 0, "no events"
+    all_limits = resolve_limits(options.config, [a for _, a in names.addresses],
+                                max_delivery_attempts=options.max_delivery_attempts)
+    summary_rows = lean.summarise(
+        lean.facts(lean.narrow(events, options.checks)), names,
+        {x.address: x.max_delivery_attempts for x in all_limits}, watermark,
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    facts: DataFrame | None = None
+    grouped: DataFrame | None = None
+    details: Callable[[DataFrame], DataFrame] | None = None
     cross: CrossChecks | None = None
     try:
-        stats = [row.asDict() for row in address_stats(facts).collect()]
-        last = max((s["last_ts"] for s in stats if s["last_ts"] is not None), default=None)
-        if options.watermark is not None:
-            watermark, source = options.watermark, "given"
-        elif last is not None:
-            watermark, source = last - options.grace_ms, f"last event - {options.grace_ms} ms"
-        else:
-            watermark, source = 0, "no events"
+        stats = lean.stats_of(summary_rows, names)
+        legacy = sum(s.pop("legacy") or 0 for s in stats)
+        collisions = sum(s.pop("collisions") or 0 for s in stats)
+        plan = "lean"
+        if legacy or collisions:
+            if legacy:
+                plan = "writing order"
+                facts = message_facts(events, options.checks)
+            else:
+                plan = "hash (string keys: two message ids share a 64-bit hash)"
+                grouped = hashed.groups(events, options.checks).persist(
+                    StorageLevel.MEMORY_AND_DISK)
+                facts = hashed.facts(spark, grouped, hashed.address_dictionary(grouped))
+                details = functools.partial(hashed.details, grouped)
+            # Used three times (per-address figures, charts, the classification).
+            facts = facts.persist(StorageLevel.MEMORY_AND_DISK)
+            stats = [row.asDict() for row in address_stats(facts).collect()]
         addresses = [s["address"] for s in stats if s["messages"] and s["address"] is not None]
         limits = resolve_limits(options.config, addresses,
                                 max_delivery_attempts=options.max_delivery_attempts)
         drained = {s["address"]: s["drained_to"] for s in stats if s["address"] is not None}
         if options.html:
             progress("charting")
-            first = min((s["first_ts"] for s in stats if s["first_ts"] is not None),
-                        default=None)
-            charts = report.chart_data(facts, first, last)
+            if facts is None:
+                charts = lean.chart_of(summary_rows, names)
+            else:
+                first = min((s["first_ts"] for s in stats if s["first_ts"] is not None),
+                            default=None)
+                last = max((s["last_ts"] for s in stats if s["last_ts"] is not None),
+                           default=None)
+                charts = report.chart_data(facts, first, last)
+        if facts is None:
+            facts = lean.survivors(summary_rows, names.frame(spark))
+            details = functools.partial(lean.survivor_details, events, options=options.checks)
 
         progress("checking messages")
         findings = classify(facts, context_frame(spark, limits, drained), watermark,
@@ -137,8 +166,12 @@ def run_audit(spark: SparkSession, options: AuditOptions,
             findings = findings.unionByName(cross.findings)
         path = write_findings(findings, options.out)
     finally:
-        facts.unpersist()
-        grouped.unpersist()
+        uncache()
+        summary_rows.unpersist()
+        if facts is not None:
+            facts.unpersist()
+        if grouped is not None:
+            grouped.unpersist()
         if cross is not None:
             cross.close()
 
@@ -153,7 +186,7 @@ def run_audit(spark: SparkSession, options: AuditOptions,
                   "expiry_tolerance_ms": options.checks.expiry_tolerance_ms,
                   "assume_drained": options.checks.assume_drained},
         seconds={"audit": time.perf_counter() - started})
-    #: How deliveries were paired with their outcome (see mqguard/audit/hashed.py).
+    #: How the facts were computed (see mqguard/audit/lean.py, hashed.py, checks.py).
     summary["plan"] = plan
     if cross is not None:
         summary.update(cross.summary)

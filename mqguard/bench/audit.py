@@ -3,7 +3,9 @@
 Method, in one run:
 
 1. :mod:`mqguard.bench.audit_data` writes N events (default 10 million) as the
-   event log writes them -- one JSONL file per node, in writing order -- with one
+   event log writes them -- per node, in writing order, segments of the writer's
+   rotation size (64 MiB of JSONL) rotated to Parquet and the rest in the live JSONL
+   file (``segment_bytes`` 0: one JSONL file per node) -- with one
    message of every finding class planted in every 1,000 (lost, unexpected,
    duplicated, over_delivered, early_dead_letter, dead_letter_not_moved,
    expiry_not_moved, late_delivery, and the reported classes unseen, recovered,
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mqguard.bench.audit_data import MAX_DELIVERY_ATTEMPTS, generate
+from mqguard.bench.audit_data import MAX_DELIVERY_ATTEMPTS, SEGMENT_BYTES, generate
 
 GOALS = {"spark_s": 30.0, "ratio": 3.0}
 GRACE_MS = 5000
@@ -63,8 +65,8 @@ def _score(con: Any, table: str) -> tuple[int, int, dict[str, int]]:
 def run(events: int, *, workdir: str | None = None, keep: bool = False,
         master: str = "local[*]", driver_memory: str = "4g",
         shuffle_partitions: int | None = None, conf: Mapping[str, str] | None = None,
-        html: bool = True, progress: Callable[[str], None] = lambda text: None
-        ) -> dict[str, Any]:
+        html: bool = True, segment_bytes: int = SEGMENT_BYTES,
+        progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     """Generate, audit with Spark and DuckDB, score; the figures (see module doc)."""
     import duckdb
     from pyspark import SparkContext
@@ -81,8 +83,9 @@ def run(events: int, *, workdir: str | None = None, keep: bool = False,
         con = duckdb.connect()
         progress(f"generating {events:,} events")
         started = time.perf_counter()
-        data = generate(logs, events, con)
+        data = generate(logs, events, con, segment_bytes=segment_bytes)
         generate_s = time.perf_counter() - started
+        jsonl_bytes = sum(os.path.getsize(f) for f in data.files if f.endswith(".jsonl"))
 
         progress("Spark: starting a local session")
         # A session already running in this process (a test's) is used, not stopped.
@@ -105,7 +108,8 @@ def run(events: int, *, workdir: str | None = None, keep: bool = False,
         progress("DuckDB: the same checks")
         duck = duckdb.connect()
         started = time.perf_counter()
-        run_checks(duck, data.files, grace_ms=GRACE_MS, limit=MAX_DELIVERY_ATTEMPTS,
+        run_checks(duck, data.files, fmt="mixed", grace_ms=GRACE_MS,
+                   limit=MAX_DELIVERY_ATTEMPTS,
                    tolerance_ms=TOLERANCE_MS, out=duck_out)
         duckdb_s = time.perf_counter() - started
         duck.close()
@@ -141,7 +145,10 @@ def run(events: int, *, workdir: str | None = None, keep: bool = False,
         "messages": data.messages,
         "files": len(data.files),
         "bytes": data.bytes,
-        "format": "jsonl",
+        "format": ("rotated Parquet segments + live JSONL" if segment_bytes else "jsonl"),
+        "segment_bytes": segment_bytes,
+        "parquet_files": sum(1 for f in data.files if f.endswith(".parquet")),
+        "jsonl_bytes": jsonl_bytes,
         "plan": result.summary.get("plan"),
         "html": html,
         "spark_session_reused": reused,

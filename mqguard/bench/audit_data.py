@@ -265,13 +265,52 @@ def planted_findings(con: Any) -> dict[str, int]:
 NODES = ("producer-0", "producer-1", "consumer-0", "consumer-1", "dla-consumer")
 
 
-def write_jsonl(con: Any, directory: str) -> list[str]:
-    """One ``events-<node>.jsonl`` per node, in writing order (time, then step)."""
+#: The event log writer's rotation size (``[mqguard.event-log] max-bytes`` default).
+SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+def write_jsonl(con: Any, directory: str, segment_bytes: int = 0) -> list[str]:
+    """Each node's events in writing order (time, then step), as the writer leaves them:
+    segments of ``segment_bytes`` of JSONL rotated to ``events-<node>.<NNNNNN>.parquet``
+    (the writer's default format, its column types and row group size), the rest in
+    the live ``events-<node>.jsonl``; ``segment_bytes`` 0: one JSONL file per node."""
+    from mqguard.events import FIELD_TYPES
+
     os.makedirs(directory, exist_ok=True)
+    table = "ev"
+    if segment_bytes:
+        # The writer rotates once a file reaches segment_bytes: a line's segment is
+        # where its first byte falls in the node's JSONL stream.
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE evs AS
+            SELECT *, ((sum(length(line) + 1) OVER w - length(line) - 1) // {segment_bytes})
+                      AS seg
+            FROM (SELECT *, {_line_sql()} AS line FROM ev)
+            WINDOW w AS (PARTITION BY node ORDER BY ts, i, step ROWS UNBOUNDED PRECEDING)""")
+        con.execute("ALTER TABLE evs DROP COLUMN line")
+        table = "evs"
+    present = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
+    sql_types = {int: "BIGINT", str: "VARCHAR", bool: "BOOLEAN"}
+    columns = ", ".join(
+        (f"CAST({name} AS {sql_types[kind]})" if name in present else
+         ("1" if name == "v" else f"NULL::{sql_types[kind]}")) + f' AS "{name}"'
+        for name, kind in FIELD_TYPES.items())
     files = []
     for node in NODES:
+        last = 0
+        if segment_bytes:
+            last = con.execute(f"SELECT coalesce(max(seg), 0) FROM evs WHERE node = '{node}'"
+                               ).fetchone()[0]
+            for number in range(last):
+                path = os.path.join(directory, f"events-{node}.{number + 1:06d}.parquet")
+                con.execute(f"""COPY (SELECT {columns} FROM evs
+                                      WHERE node = '{node}' AND seg = {number}
+                                      ORDER BY ts, i, step)
+                                TO '{path}' (FORMAT PARQUET, COMPRESSION zstd,
+                                             ROW_GROUP_SIZE 1048576)""")
+                files.append(path)
         path = os.path.join(directory, f"events-{node}.jsonl")
-        con.execute(f"""COPY (SELECT {_line_sql()} AS line FROM ev WHERE node = '{node}'
+        where = f"node = '{node}'" + (f" AND seg = {last}" if segment_bytes else "")
+        con.execute(f"""COPY (SELECT {_line_sql()} AS line FROM {table} WHERE {where}
                               ORDER BY ts, i, step)
                         TO '{path}' (FORMAT CSV, HEADER false, QUOTE '', ESCAPE '',
                                      DELIMITER '\x01')""")
@@ -280,22 +319,29 @@ def write_jsonl(con: Any, directory: str) -> list[str]:
 
 
 def generate(directory: str, events: int, con: Any | None = None, *,
-             legacy: bool = False) -> Generated:
-    """Write exactly ``events`` events as JSONL event logs under ``directory``
-    (``legacy``: as writers before ``handled`` / ``delivered_ts`` wrote them)."""
+             legacy: bool = False, segment_bytes: int = 0) -> Generated:
+    """Write exactly ``events`` events as event logs under ``directory`` (``legacy``: as
+    writers before ``handled`` / ``delivered_ts`` wrote them; ``segment_bytes``: rotated
+    to Parquet segments of that many JSONL bytes, see :func:`write_jsonl`)."""
     import duckdb
 
     con = con or duckdb.connect()
     messages, _ = build_events(con, events, legacy=legacy)
     planted = planted_findings(con)
-    files = write_jsonl(con, directory)
+    files = write_jsonl(con, directory, segment_bytes)
     return Generated(directory=directory, files=files, events=events, messages=messages,
                      planted=planted, bytes=sum(os.path.getsize(f) for f in files))
 
 
 def count_lines(files: Sequence[str]) -> int:
+    """Events in ``files``: lines of JSONL files, rows of Parquet segments."""
     total = 0
     for path in files:
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            total += pq.ParquetFile(path).metadata.num_rows
+            continue
         with open(path, "rb") as handle:
             total += sum(chunk.count(b"\n") for chunk in iter(lambda h=handle: h.read(1 << 24),
                                                               b""))

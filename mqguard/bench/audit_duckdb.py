@@ -29,12 +29,32 @@ def _in(values: Sequence[object]) -> str:
     return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 
+_FIELDS = ("v, ts, type, node, address, message_id, queue, target, new_message_id, "
+           "ack_reason, expiration, delivery_count, delay_ms, handled, delivered_ts")
+
+
 def _source(files: Sequence[str], fmt: str) -> str:
     listed = "[" + ", ".join(f"'{f}'" for f in files) + "]"
     if fmt == "parquet":
         return f"read_parquet({listed})"
     return (f"read_json({listed}, format = 'newline_delimited', columns = {_COLUMNS}, "
             "filename = true, ignore_errors = true)")
+
+
+def _load_mixed(files: Sequence[str]) -> str:
+    """The event log as the writer leaves it: rotated Parquet segments (file row
+    numbers from the file itself) and JSONL files (rows numbered in scan order)."""
+    parquet = [f for f in files if f.endswith(".parquet")]
+    jsonl = [f for f in files if not f.endswith(".parquet")]
+    parts = []
+    if parquet:
+        listed = "[" + ", ".join(f"'{f}'" for f in parquet) + "]"
+        parts.append(f"SELECT {_FIELDS}, filename AS file, file_row_number AS row "
+                     f"FROM read_parquet({listed}, filename = true, file_row_number = true)")
+    if jsonl:
+        parts.append(f"SELECT {_FIELDS}, filename AS file, row_number() OVER () AS row "
+                     f"FROM {_source(jsonl, 'jsonl')}")
+    return " UNION ALL ".join(parts)
 
 
 def audit_sql(files: Sequence[str], *, fmt: str = "jsonl", grace_ms: int, limit: int,
@@ -52,6 +72,9 @@ def audit_sql(files: Sequence[str], *, fmt: str = "jsonl", grace_ms: int, limit:
                 f"new_message_id, ack_reason, expiration, delivery_count, delay_ms, handled, "
                 f"delivered_ts, file, row "
                 f"FROM {_source(files, fmt)}")
+    elif fmt == "mixed":
+        order = "file, row"
+        load = _load_mixed(files)
     else:
         order = "file, row"
         # Rows numbered in scan order: DuckDB keeps the insertion order of a scan.

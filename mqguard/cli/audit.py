@@ -120,7 +120,7 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
           no_html: bool, as_json: bool, quiet: bool) -> None:
     """Audit event logs: was anything lost, duplicated, over-delivered or late?
 
-    INPUT: event-log directories, files (.jsonl, rotated .jsonl.gz) or globs;
+    INPUT: event-log directories, files (.jsonl, rotated .parquet or .jsonl.gz) or globs;
     default: the configured [mqguard.event-log] directory. Runs PySpark
     (pip install 'mqguard[spark]'), local[*] unless --master says otherwise.
 

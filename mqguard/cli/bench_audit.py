@@ -27,11 +27,16 @@ from mqguard.bench.report import environment, print_table, write_json
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Any Spark setting (repeatable).")
 @click.option("--no-html", is_flag=True, help="Audit without the HTML report.")
+@click.option("--segment-bytes", type=click.IntRange(min=0), default=64 * 1024 * 1024,
+              show_default=True,
+              help="Rotate each node's log to a Parquet segment every this many bytes of "
+                   "JSONL, as the event log writer does (its max-bytes default); the rest "
+                   "stays in the live JSONL file. 0: one JSONL file per node.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def audit(events: int, workdir: str | None, keep: bool, master: str, driver_memory: str,
           shuffle_partitions: int | None, spark_conf: tuple[str, ...], no_html: bool,
-          json_path: str | None) -> None:
+          segment_bytes: int, json_path: str | None) -> None:
     """N synthetic events with every finding class planted: Spark audit time, DuckDB
     time for the same checks, planted vs found. Exits 1 when a planted finding is
     missed or a false one is reported."""
@@ -46,7 +51,7 @@ def audit(events: int, workdir: str | None, keep: bool, master: str, driver_memo
 
     result = run(events, workdir=workdir, keep=keep, master=master,
                  driver_memory=driver_memory, shuffle_partitions=shuffle_partitions,
-                 conf=_spark_conf(spark_conf), html=not no_html,
+                 conf=_spark_conf(spark_conf), html=not no_html, segment_bytes=segment_bytes,
                  progress=lambda text: click.echo(text, err=True))
     goals, met = result["goals"], result["met"]
     rows = [{"figure": key, "value": result[key], "goal": goals.get(key, ""),
@@ -61,7 +66,8 @@ def audit(events: int, workdir: str | None, keep: bool, master: str, driver_memo
                            "parameters": {"events": events, "master": master,
                                           "driver_memory": driver_memory,
                                           "shuffle_partitions": shuffle_partitions,
-                                          "conf": list(spark_conf)},
+                                          "conf": list(spark_conf),
+                                          "segment_bytes": segment_bytes},
                            **result})
     if not (met["found"] and met["false_positives"]):
         raise click.ClickException(

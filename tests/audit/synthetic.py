@@ -44,7 +44,7 @@ class Cluster:
 
     def __init__(self, directory: Path, monkeypatch: pytest.MonkeyPatch, *,
                  max_bytes: int = 64 * 1024 * 1024, flush_each: bool = False,
-                 legacy: bool = False) -> None:
+                 legacy: bool = False, rotated_format: str = "parquet") -> None:
         self.clock = FakeClock()
         monkeypatch.setattr(mqguard.events, "time", self.clock)
         self.directory = directory
@@ -55,6 +55,8 @@ class Cluster:
         #: Write ``acked`` as writers before ``handled`` / ``delivered_ts`` did: the
         #: audit must then pair deliveries with their outcome by writing order.
         self.legacy = legacy
+        #: The writer's rotated segments: ``parquet`` (its default) or ``jsonl.gz``.
+        self.rotated_format = rotated_format
         self.logs: dict[str, EventLog] = {}
         self._copies = itertools.count(1)
         self._sequence = itertools.count(1)
@@ -62,7 +64,7 @@ class Cluster:
     def log(self, node: str) -> EventLog:
         if node not in self.logs:
             self.logs[node] = EventLog(self.directory, node_id=node, max_bytes=self.max_bytes,
-                                       backup_count=0)
+                                       backup_count=0, rotated_format=self.rotated_format)
         return self.logs[node]
 
     def emit(self, node: str, event: str, message: Message | None = None,

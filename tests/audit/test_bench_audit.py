@@ -44,13 +44,18 @@ def test_generator_writes_exactly_n_events_with_every_class(tmp_path: Path) -> N
 
 def test_bench_audit_finds_every_planted_finding(spark: Any, tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
+    # Segments of 256 KiB: rotated Parquet segments and live JSONL files, as the writer
+    # leaves them (at 20,000 events the default 64 MiB would leave everything live).
     result = CliRunner().invoke(bench, ["audit", "--events", "20000", "--dir", str(tmp_path),
-                                        "--no-html", "--json", str(path)])
+                                        "--no-html", "--segment-bytes", "262144",
+                                        "--json", str(path)])
     assert result.exit_code == 0, result.output
     figures = json.loads(path.read_text())
     for field in FIELDS:
         assert field in figures, field
     assert figures["events"] == 20000
+    assert figures["parquet_files"] >= 4 and figures["jsonl_bytes"] > 0
+    assert figures["plan"] == "lean"
     assert figures["planted"] == sum(figures["planted_by_class"].values()) > 0
     assert set(figures["planted_by_class"]) == {c.name for c in CLASSES}
     assert figures["found"] == figures["planted"], figures["found_by_class"]

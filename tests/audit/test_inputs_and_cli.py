@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -32,19 +33,29 @@ def small_run(cluster: Cluster, messages: int = 60) -> int:
     return c.clock.advance(1)
 
 
-def test_rotated_gzip_files_bad_lines_and_other_versions(spark: Any, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rotated_format", ["parquet", "jsonl.gz"])
+def test_rotated_files_bad_lines_and_other_versions(spark: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    rotated_format: str) -> None:
+    """Rotated Parquet segments (the writer's default) or gzipped JSONL, plus the live
+    JSONL files: every event read once, in one audit."""
     events = tmp_path / "events"
-    watermark = small_run(Cluster(events, monkeypatch, max_bytes=4096, flush_each=True))
-    rotated = sorted(events.glob("*.jsonl.gz"))
+    watermark = small_run(Cluster(events, monkeypatch, max_bytes=4096, flush_each=True,
+                                  rotated_format=rotated_format))
+    rotated = sorted(events.glob(f"*.{rotated_format}"))
     assert len(rotated) >= 4, "the run should have rotated several times"
-    lines = sum(len(gzip.decompress(p.read_bytes()).splitlines()) for p in rotated)
+    assert not list(events.glob("*.gz" if rotated_format == "parquet" else "*.parquet"))
+    if rotated_format == "parquet":
+        lines = sum(pq.ParquetFile(p).metadata.num_rows for p in rotated)
+    else:
+        lines = sum(len(gzip.decompress(p.read_bytes()).splitlines()) for p in rotated)
     lines += sum(len(p.read_bytes().splitlines()) for p in events.glob("*.jsonl"))
     # A half-written last line, a future schema version, and a rotation in progress.
     with open(events / "events-consumer-1.jsonl", "a") as handle:
         handle.write('{"v": 2, "ts": 1, "type": "sent", "node": "n", "message_id": "v2"}\n')
         handle.write('{"v": 1, "ts": 17000000')
     (events / "events-producer.000099.jsonl.gz.partial").write_bytes(b"\x1f\x8b not yet")
+    (events / "events-producer.000098.parquet.partial").write_bytes(b"PAR1 not yet")
 
     result = run_audit(spark, AuditOptions([str(events)], out=str(tmp_path / "out"),
                                            watermark=watermark))
@@ -62,13 +73,16 @@ def test_rotated_gzip_files_bad_lines_and_other_versions(spark: Any, tmp_path: P
 def test_inputs_are_expanded_and_typos_refused(tmp_path: Path) -> None:
     events = tmp_path / "events"
     events.mkdir()
-    for name in ("events-a.000001.jsonl.gz", "events-a.jsonl", "events-b.jsonl",
+    for name in ("events-a.000001.jsonl.gz", "events-a.000002.parquet", "events-a.jsonl",
+                 "events-b.jsonl", "events-a.000003.parquet.partial",
                  "events-a.000002.jsonl.gz.partial", "notes.txt"):
         (events / name).write_text("")
     names = [Path(p).name for p in expand_inputs([str(events)])]
-    assert names == ["events-a.000001.jsonl.gz", "events-a.jsonl", "events-b.jsonl"]
+    assert names == ["events-a.000001.jsonl.gz", "events-a.000002.parquet", "events-a.jsonl",
+                     "events-b.jsonl"]
     globbed = expand_inputs([str(events / "events-a*"), str(events / "events-a.jsonl")])
-    assert [Path(p).name for p in globbed] == ["events-a.000001.jsonl.gz", "events-a.jsonl"]
+    assert [Path(p).name for p in globbed] == ["events-a.000001.jsonl.gz",
+                                               "events-a.000002.parquet", "events-a.jsonl"]
     assert expand_inputs(["s3a://bucket/events/*.jsonl*"]) == ["s3a://bucket/events/*.jsonl*"]
     for bad in (str(tmp_path / "missing"), str(tmp_path / "nothing-*.jsonl")):
         with pytest.raises(AuditInputError):

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from mqguard.audit import lean
 from mqguard.audit.checks import ANOMALIES, CLASSES, CheckOptions
 from mqguard.audit.runner import AuditOptions, AuditResult, run_audit
 from mqguard.audit.summary import read_findings
 from mqguard.config import parse_config
+from mqguard.events import read_events
 from tests.audit.synthetic import T0, Cluster
 
 pytestmark = pytest.mark.spark
@@ -162,7 +164,7 @@ def test_every_planted_class_is_found_and_nothing_else(spark: Any, tmp_path: Pat
         "orders": {"count": 2, "examples": ["lost-never-delivered",
                                             "lost-delivered-then-nothing"]}}
     assert summary["bad_lines"] == 0 and summary["watermark"] == watermark
-    assert summary["plan"] == "hash"  # the acked events say which end a handling
+    assert summary["plan"] == "lean"  # the acked events say which end a handling
     assert summary["events"] == sum(1 for f in (tmp_path / "events").iterdir()
                                     for line in f.read_text().splitlines() if line)
     # One directory per class that has findings, readable on its own.
@@ -173,6 +175,42 @@ def test_every_planted_class_is_found_and_nothing_else(spark: Any, tmp_path: Pat
     over = next(r for r in lost.sparkSession.read.parquet(
         str(out / "findings" / "class=over_delivered")).collect())
     assert (over["deliveries"], over["limit"], over["queue"]) == (4, 3, "orders")
+
+
+def test_rotated_parquet_segments_and_live_jsonl_give_the_same_findings(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same planted run written as the writer rotates it (Parquet segments of a few
+    KiB, the rest live JSONL): every class found, nothing else, every event read once."""
+    events = tmp_path / "events"
+    watermark, expected = plant(Cluster(events, monkeypatch, max_bytes=4096, flush_each=True))
+    assert len(list(events.glob("*.parquet"))) >= 4 and list(events.glob("*.jsonl"))
+    result = run_audit(spark, AuditOptions([str(events)], out=str(tmp_path / "out"),
+                                           config=CONFIG, watermark=watermark))
+    assert found_ids(spark, result) == expected
+    assert result.summary["plan"] == "lean"
+    assert result.summary["events"] == sum(1 for _ in read_events(events))
+
+
+def test_a_64_bit_key_collision_falls_back_to_string_keys(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Message ids forced onto 7 key values (as if their 64-bit hashes collided): the
+    check sees it and the audit runs on the message id strings, with the same findings."""
+    events = tmp_path / "events"
+    watermark, expected = plant(Cluster(events, monkeypatch))
+    narrow = lean.narrow
+
+    def colliding(*args: Any, **kwargs: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        rows = narrow(*args, **kwargs)
+        return rows.withColumn("key", F.when(F.col("m"), F.col("key") % 7)
+                               .otherwise(F.col("key")))
+
+    monkeypatch.setattr(lean, "narrow", colliding)
+    result = run_audit(spark, AuditOptions([str(events)], out=str(tmp_path / "out"),
+                                           config=CONFIG, watermark=watermark))
+    assert result.summary["plan"].startswith("hash (string keys")
+    assert found_ids(spark, result) == expected
 
 
 def test_limit_override_and_assume_drained(spark: Any, tmp_path: Path,
@@ -204,7 +242,7 @@ def test_logs_without_handled_fields_are_paired_by_writing_order(
         result = run_audit(spark, AuditOptions([str(tmp_path / name)],
                                                out=str(tmp_path / f"out-{name}"),
                                                config=CONFIG, watermark=watermark, html=False))
-        assert result.summary["plan"] == ("writing order" if legacy else "hash")
+        assert result.summary["plan"] == ("writing order" if legacy else "lean")
         assert found_ids(spark, result) == expected
         findings = read_findings(spark, str(tmp_path / f"out-{name}" / "findings")).collect()
         rows[name] = sorted(tuple(r) for r in findings)

@@ -35,7 +35,8 @@ def test_time_bound_flush_without_close(tmp_path: Path) -> None:
 
 
 def test_rotation_compresses_and_loses_nothing(tmp_path: Path) -> None:
-    with EventLog(tmp_path, node_id="n", max_bytes=4096, buffer_events=10) as log:
+    with EventLog(tmp_path, node_id="n", max_bytes=4096, buffer_events=10,
+                  rotated_format="jsonl.gz") as log:
         for i in range(2000):
             log.emit(EventType.SENT, Message("a", message_id=str(i)))
     assert list(tmp_path.glob("events-n.*.jsonl.gz")), "rotation produced no gzip file"
@@ -47,7 +48,7 @@ def test_backup_count_bounds_rotated_files(tmp_path: Path) -> None:
     with EventLog(tmp_path, node_id="n", max_bytes=4096, backup_count=2, buffer_events=5) as log:
         for i in range(3000):
             log.emit(EventType.SENT, Message("a", message_id=str(i)))
-    assert len(list(tmp_path.glob("events-n.*.jsonl.gz"))) == 2
+    assert len(list(tmp_path.glob("events-n.*.parquet"))) == 2
 
 
 def test_concurrent_emitters(tmp_path: Path) -> None:
