@@ -15,9 +15,9 @@ empty audit; URLs (``hdfs://``, ``s3a://``...) are handed to Spark unchanged.
 
 from __future__ import annotations
 
-import functools
 import glob
 import os
+import urllib.parse
 from collections.abc import Iterable, Sequence
 
 from pyspark import StorageLevel
@@ -167,37 +167,55 @@ def load_events(spark: SparkSession, files: Sequence[str],
     if len(files) > MAX_FILES:
         raise AuditInputError(f"{len(files)} input files: at most {MAX_FILES:,} per audit")
     by_name = {f.name: f for f in EVENT_SCHEMA.fields}
-    parquet_schema = StructType([by_name[n] for n in AUDIT_FIELDS])
+    parquet = [f for f in files if f.endswith(".parquet")]
+    jsonl = [f for f in files if not f.endswith(".parquet")]
     frames = []
-    json_frames = []
-    # One read per file, tagged with its rank: Spark packs small files into one
-    # partition largest first, so the scan order alone is not the writing order
-    # across a rotation (a delivery at the end of one segment, its ack at the start
-    # of the next). (file_rank, row) is.
-    for rank, path in enumerate(files):
-        if path.endswith(".parquet"):
-            # Rotated segments the writer converted: the same fields, typed, no bad lines.
-            frame = (spark.read.schema(parquet_schema)
-                     .option("ignoreMissingFiles", "true").parquet(path)
-                     .select(*AUDIT_FIELDS,
-                             F.lit(None).cast(StringType()).alias(CORRUPT_COLUMN)))
-        else:
-            frame = (spark.read.schema(read_schema())
-                     .option("mode", "PERMISSIVE")
-                     .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-                     # A rotated file deleted (backup-count) between listing and reading.
-                     .option("ignoreMissingFiles", "true")
-                     .json(path).select(*AUDIT_FIELDS, CORRUPT_COLUMN))
-        frame = frame.select("*", F.col("_metadata.file_path").alias("file"),
-                             F.lit(rank).alias("file_rank"))
-        (frames if path.endswith(".parquet") else json_frames).append(frame)
-    if json_frames and frames and cache_jsonl_bytes and _json_bytes(files) <= cache_jsonl_bytes:
-        cached = functools.reduce(DataFrame.unionAll, json_frames).persist(
-            StorageLevel.MEMORY_AND_DISK)
-        _CACHED.append(cached)
-        json_frames = [cached]
-    frame = functools.reduce(DataFrame.unionAll, frames + json_frames)
+    if parquet:
+        # Rotated segments the writer converted: the same fields, typed, no bad lines.
+        frames.append(spark.read.schema(StructType([by_name[n] for n in AUDIT_FIELDS]))
+                      .option("ignoreMissingFiles", "true").parquet(*parquet)
+                      .select(*AUDIT_FIELDS,
+                              F.lit(None).cast(StringType()).alias(CORRUPT_COLUMN),
+                              F.col("_metadata.file_path").alias("file")))
+    if jsonl:
+        json_frame = (spark.read.schema(read_schema())
+                      .option("mode", "PERMISSIVE")
+                      .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+                      # A rotated file deleted (backup-count) between listing and reading.
+                      .option("ignoreMissingFiles", "true")
+                      .json(list(jsonl))
+                      .select(*AUDIT_FIELDS, CORRUPT_COLUMN,
+                              F.col("_metadata.file_path").alias("file")))
+        if parquet and cache_jsonl_bytes and _json_bytes(jsonl) <= cache_jsonl_bytes:
+            json_frame = json_frame.persist(StorageLevel.MEMORY_AND_DISK)
+            _CACHED.append(json_frame)
+        frames.append(json_frame)
+    frame = frames[0] if len(frames) == 1 else frames[0].unionAll(frames[1])
+    # Each file's rank in the listing, by a broadcast join on its path (one scan per
+    # format: a scan per file would compile and warm up code per file). Spark packs
+    # small files into a partition largest first, so the scan order alone is not
+    # the writing order across a rotation (a delivery at the end of one segment, its
+    # ack at the start of the next); (file_rank, row) is.
+    ranks = spark.createDataFrame(_rank_rows(files), "file string, file_rank int")
+    frame = frame.join(F.broadcast(ranks), "file", "left")
     return frame.select("*", F.monotonically_increasing_id().alias("row"))
+
+
+def _rank_rows(files: Sequence[str]) -> list[tuple[str, int]]:
+    """(path as Spark may spell it, rank) for every file: Spark's ``_metadata.file_path``
+    is a URI (``file:/x``, ``file:///x``, percent-encoded or not, depending on the
+    version); every spelling maps to the same rank."""
+    rows: dict[str, int] = {}
+    for rank, path in enumerate(files):
+        if _is_url(path):
+            rows.setdefault(path, rank)
+            continue
+        absolute = os.path.abspath(path)
+        quoted = urllib.parse.quote(absolute)
+        for spelling in (absolute, f"file:{absolute}", f"file://{absolute}",
+                         f"file:{quoted}", f"file://{quoted}"):
+            rows.setdefault(spelling, rank)
+    return list(rows.items())
 
 
 #: JSON rows cached by :func:`load_events` and not yet released by :func:`uncache`.

@@ -71,7 +71,7 @@ def _position(ts: Column) -> Column:
     below 10**13 (epoch ms until the year 2286), ``file_rank`` below 10**6
     (:data:`mqguard.audit.events.MAX_FILES`), ``row`` below 10**19 (a long)."""
     return (ts.cast(_POSITION) * F.expr(f"CAST(10000000000000000000000000 AS {_POSITION})")
-            + F.col("file_rank").cast(_POSITION)
+            + F.coalesce(F.col("file_rank"), F.lit(0)).cast(_POSITION)
             * F.expr(f"CAST(10000000000000000000 AS {_POSITION})")
             + F.col("row").cast(_POSITION))
 

@@ -199,6 +199,8 @@ class Names:
     addresses: list[tuple[int, str]]
     first_ts: int | None
     last_ts: int | None
+    #: Events whose file's rank was not found (URL inputs: Spark's paths are not ours).
+    unranked: int = 0
 
     def frame(self, spark: SparkSession) -> DataFrame:
         return spark.createDataFrame(self.addresses, NAMES_SCHEMA)
@@ -212,7 +214,8 @@ def address_names(events: DataFrame) -> Names:
     c = F.col
     readable_ts = F.when(valid_event(), c("ts"))
     pairs = (events.groupBy("address", "target")
-             .agg(F.min(readable_ts).alias("first"), F.max(readable_ts).alias("last")).collect())
+             .agg(F.min(readable_ts).alias("first"), F.max(readable_ts).alias("last"),
+                  F.count_if(c("file_rank").isNull()).alias("unranked")).collect())
     rows = [{"a": r["address"], "first": r["first"], "last": r["last"]} for r in pairs]
     rows += [{"a": r["target"], "first": None, "last": None} for r in pairs]
     present = sorted({r["a"] for r in rows if r["a"] is not None})
@@ -222,7 +225,8 @@ def address_names(events: DataFrame) -> Names:
         raise RuntimeError("two addresses share a 64-bit hash")
     firsts = [r["first"] for r in rows if r["first"] is not None]
     lasts = [r["last"] for r in rows if r["last"] is not None]
-    return Names(hashed_names, min(firsts, default=None), max(lasts, default=None))
+    return Names(hashed_names, min(firsts, default=None), max(lasts, default=None),
+                 sum(r["unranked"] for r in pairs))
 
 
 def _xxhash64_strings(spark: SparkSession, values: list[str]) -> list[int]:

@@ -103,6 +103,10 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     # a handling go by writing order (one sort); a 64-bit key collision by the
     # string-keyed hash plan (mqguard/audit/hashed.py).
     names = lean.address_names(events)
+    if names.unranked and not any("://" in f for f in files):
+        # Local files are ranked by path; a miss would order segments wrongly, silently.
+        raise RuntimeError(f"{names.unranked} events of files not matched to the listing "
+                           "(Spark spelled their paths in an unknown way)")
     if options.watermark is not None:
         watermark, source = options.watermark, "given"
     elif names.last_ts is not None:
