@@ -329,7 +329,11 @@ class ProxySession:
             # RabbitMQ's STOMP listener writes with TCP_NODELAY (its default
             # tcp_listen_options): no segment of it waits for our ack, so the quick-ack
             # system call after every read (see _QuickAck) buys nothing there.
+            quick_ack = self._broker_source.after_read
             self._broker_source.after_read = None
+            if isinstance(quick_ack, _QuickAck):
+                quick_ack.close()
+                self._quick_acks.remove(quick_ack)
         self._client_decoder.version = self.version
         self._broker_decoder.version = self.version
         loop = asyncio.get_running_loop()
