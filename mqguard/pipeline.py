@@ -398,6 +398,13 @@ class Guard:
         ctx = self.context(outgoing[0][0].address, adapter.capabilities, role="producer",
                            broker=adapter.broker)
         ctx.batch = True
+        # One ordered stream (a producer, a sidecar connection) sends the whole batch: the
+        # duplicate detection's same-sender rule needs it here as on the one-message path,
+        # or a pipelined duplicate of an unconfirmed original in an earlier batch is
+        # refused as in flight instead of being dropped as a duplicate.
+        senders = {message_ctx.sender for _, message_ctx in outgoing}
+        if len(senders) == 1:
+            ctx.sender = senders.pop()
         verdicts: dict[int, Verdict] = {}
         for answer in self.hook.before_send_batch(messages=[m for m, _ in outgoing], ctx=ctx):
             for index, verdict in (answer or {}).items():

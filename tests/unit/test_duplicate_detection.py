@@ -374,3 +374,37 @@ def test_confirmations_wake_the_flusher_once_and_again_after_a_flush() -> None:
     finally:
         confirmations.stop()
     assert len(store.calls) == 2
+
+
+@pytest.mark.parametrize(("second_sender", "expected"), [
+    ("connection-1", "duplicate"),   # same ordered stream: follows the original's fate
+    ("connection-2", "in flight"),   # another sender: refused, it retries later
+])
+def test_batch_path_applies_the_same_sender_rule(tmp_path: Path, second_sender: str,
+                                                 expected: str) -> None:
+    # A sidecar connection decides the SENDs of each read as one batch; a pipelined repeat
+    # of an id its earlier batch reserved (not yet confirmed) must count as a duplicate
+    # of that stream, exactly as on the one-message path.
+    from mqguard.message import Message
+
+    guard = make_guard(tmp_path)
+    adapter = LoopbackAdapter()
+    try:
+        def decide(sender: str, body: bytes) -> list:
+            message = Message("q", body, duplicate_id="A", message_id=body.decode())
+            ctx = guard.context("q", adapter.capabilities, role="producer",
+                                broker=adapter.broker)
+            ctx.sender = sender
+            kept, rejected = guard._decide_batch(adapter, [(message, ctx)], [])
+            return [kept, rejected]
+
+        kept, rejected = decide("connection-1", b"first")
+        assert len(kept) == 1 and rejected is None  # reserved, confirmation outstanding
+        kept, rejected = decide(second_sender, b"second")
+        assert kept == []
+        if expected == "duplicate":
+            assert rejected is None and "duplicate_rejected" in kinds(guard)
+        else:
+            assert rejected is not None and IN_FLIGHT_CODE in str(rejected)
+    finally:
+        guard.close()
