@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mqguard.demo.plan import INDEX_HEADER, Kind
+from mqguard.events import read_events
 from mqguard.message import new_message_id, now_ms
 from mqguard.servers import ServerHandle, free_port, start_redis
 from mqguard.servers.activemq import broker_ports, start_activemq
@@ -193,7 +194,9 @@ class ChaosRun:
         self._frames_cache: dict[str, int] = {}
         self._terminal_cache: dict[str, set[int]] = {}
         self._by_duplicate_id: dict[str, tuple[str, int]] = {}
-        self._event_offsets: dict[str, int] = {}
+        # Live file name -> (its first line, bytes read): another first line means it rotated.
+        self._event_offsets: dict[str, tuple[bytes, int]] = {}
+        self._read_segments: set[str] = set()
         self._ended: dict[str, set[int]] = {leg: set() for leg in LEGS}
 
     # -- servers -------------------------------------------------------------------------
@@ -458,29 +461,47 @@ class ChaosRun:
         return self._terminal_cache[leg]
 
     def _terminal_events(self) -> dict[str, set[int]]:
-        """Plan indexes with a ``dead_lettered`` or ``expired`` event, per leg (the event logs
-        read incrementally, whole lines only)."""
+        """Plan indexes with a ``dead_lettered`` or ``expired`` event, per leg (the live event
+        logs read incrementally, whole lines only; each rotated segment read once)."""
         assert self.spec is not None
         if not self._by_duplicate_id:
             self._by_duplicate_id = {p.duplicate_id: (leg, p.index) for leg in LEGS
                                      for p in self.spec.planned(leg)}
-        for path in sorted(Path(self.spec.events_dir).glob("*.jsonl")):
-            offset = self._event_offsets.get(path.name, 0)
-            with path.open("rb") as fh:
-                fh.seek(offset)
-                data = fh.read()
+        directory = Path(self.spec.events_dir)
+        # Rotated segments first: what a live file held when it rotated is in its segment
+        # (possibly lines read already: the sets below make a second sighting harmless).
+        for segment in [*directory.glob("*.jsonl.gz"), *directory.glob("*.parquet")]:
+            if segment.name not in self._read_segments:
+                self._read_segments.add(segment.name)
+                for event in read_events(segment):
+                    self._note_terminal(event)
+        for path in sorted(directory.glob("*.jsonl")):
+            try:
+                with path.open("rb") as fh:
+                    # A file's identity is its first line: a rotated file's inode may be
+                    # reused at once by the new live file, and the new one may already be
+                    # longer than the old offset.
+                    head = fh.readline()
+                    known_head, offset = self._event_offsets.get(path.name, (head, 0))
+                    if not head.endswith(b"\n") or head != known_head:
+                        offset = 0  # new since the last read (or its first line unfinished)
+                    fh.seek(offset)
+                    data = fh.read()
+            except FileNotFoundError:  # between a rotation's rename and the new file
+                continue
             complete = data[:data.rfind(b"\n") + 1]
-            self._event_offsets[path.name] = offset + len(complete)
+            self._event_offsets[path.name] = (head, offset + len(complete))
             for line in complete.splitlines():
-                if b'"dead_lettered"' not in line and b'"expired"' not in line:
-                    continue
-                event = json.loads(line)
-                if event.get("type") not in ("dead_lettered", "expired"):
-                    continue
-                found = self._by_duplicate_id.get(event.get("duplicate_id", ""))
-                if found is not None:
-                    self._ended[found[0]].add(found[1])
+                if b'"dead_lettered"' in line or b'"expired"' in line:
+                    self._note_terminal(json.loads(line))
         return self._ended
+
+    def _note_terminal(self, event: dict[str, Any]) -> None:
+        if event.get("type") not in ("dead_lettered", "expired"):
+            return
+        found = self._by_duplicate_id.get(event.get("duplicate_id") or "")
+        if found is not None:
+            self._ended[found[0]].add(found[1])
 
     def _wanted(self, leg: str) -> list[int]:
         assert self.spec is not None
