@@ -76,7 +76,7 @@ os.register_at_fork(after_in_child=lambda: _ID_BITS.seed(os.urandom(32)))
 
 
 def _stamp_ids(messages: Sequence[Message]) -> None:
-    """Give the messages without one an mqguard id, 128 bits each from one call.
+    """Give the messages without one an mqguard id, 120 random bits each from one call.
 
     Same form as :func:`~mqguard.message.new_message_id` (:func:`encode_ids`). The bits
     come from a per-process Mersenne Twister seeded with 256 random bits rather than
