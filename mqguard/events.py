@@ -166,10 +166,9 @@ class EventLog:
                                   "type": str(event_type), "node": self.node_id}
         if message is not None:
             _add_message_fields(record, message)
-        if fields:
-            for key, value in fields.items():
-                if value is not None:
-                    record[key] = value
+        for key, value in fields.items():
+            if value is not None:
+                record[key] = value
         pending = self._pending
         pending.append(record)
         self._after_append(len(pending))
@@ -199,7 +198,10 @@ class EventLog:
             self.flush()
             return
         if backlog >= self._buffer_events:
-            self._wakeup.set()
+            # Set once: until the writer drains the backlog, every emit gets here, and
+            # setting an Event takes its lock.
+            if not self._wakeup.is_set():
+                self._wakeup.set()
             if backlog >= self._max_pending:
                 self.flush()
 

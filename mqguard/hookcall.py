@@ -27,56 +27,86 @@ import pluggy
 
 log = logging.getLogger("mqguard.plugins")
 
-_Entry = tuple[Callable[..., Any], Sequence[str]]
+# An implementation's function, and the positions of the arguments it takes among the
+# hookspec's (None: all of them, in the spec's order: the common case, called as is).
+_Entry = tuple[Callable[..., Any], tuple[int, ...] | None]
 
 
 class HotCall:
-    """A fast caller for one hook; ``first`` for firstresult hooks, ``each`` for observers."""
+    """A fast caller for one hook; ``first`` for firstresult hooks, ``each`` for observers.
 
-    __slots__ = ("_caller", "_entries", "_impls", "_use_pluggy")
+    Arguments are positional, in the hookspec's order (``first(message, ctx)`` for
+    ``before_deliver(message, ctx)``): no keyword dict per call, and an implementation
+    that takes all the spec's arguments in its order gets them as they are.
+    """
 
-    def __init__(self, caller: pluggy.HookCaller) -> None:
+    __slots__ = ("_caller", "_entries", "_generation", "_impls", "_manager", "_names",
+                 "_use_pluggy")
+
+    def __init__(self, caller: pluggy.HookCaller, manager: object | None = None) -> None:
+        if caller.spec is None:
+            raise ValueError(f"hook {caller.name} has no hookspec: HotCall needs its arguments")
         self._caller = caller
+        self._names: tuple[str, ...] = tuple(caller.spec.argnames)
+        # A manager that counts its changes (GuardPluginManager.generation) spares the
+        # copy and comparison of the implementation list on every call.
+        self._manager = manager if hasattr(manager, "generation") else None
+        self._generation = -1
         self._impls: list[pluggy.HookImpl] = []
         self._entries: tuple[_Entry, ...] = ()
         self._use_pluggy = False
 
     def _current(self) -> tuple[_Entry, ...]:
+        manager = self._manager
+        if manager is not None:
+            generation: int = manager.generation  # type: ignore[attr-defined]
+            if generation == self._generation:
+                return self._entries
+            self._generation = generation
         impls = self._caller.get_hookimpls()
         if impls != self._impls:  # HookImpl compares by identity
             self._impls = impls
             self._use_pluggy = any(impl.hookwrapper or impl.wrapper for impl in impls)
-            self._entries = tuple((impl.function, tuple(impl.argnames))
+            self._entries = tuple((impl.function, self._positions(impl.argnames))
                                   for impl in reversed(impls))
         return self._entries
+
+    def _positions(self, argnames: Sequence[str]) -> tuple[int, ...] | None:
+        if tuple(argnames) == self._names:
+            return None
+        return tuple(self._names.index(name) for name in argnames)
 
     def __bool__(self) -> bool:
         """True when some plugin implements the hook."""
         return bool(self._current())
 
-    def first(self, **kwargs: Any) -> Any:
+    def first(self, *args: Any) -> Any:
         """Call until an implementation returns something other than None; return that."""
         entries = self._current()
         if self._use_pluggy:
-            return self._caller(**kwargs)
-        for function, names in entries:
-            result = function(*[kwargs[name] for name in names])
+            return self._caller(**dict(zip(self._names, args, strict=True)))
+        for function, positions in entries:
+            result = (function(*args) if positions is None
+                      else function(*[args[index] for index in positions]))
             if result is not None:
                 return result
         return None
 
-    def each(self, **kwargs: Any) -> None:
+    def each(self, *args: Any) -> None:
         """Call every implementation (an observer hook); results are ignored.
 
         What an implementation raises is logged, and the next one is called.
         """
         entries = self._current()
         if self._use_pluggy:
-            observe(self._caller, **kwargs)
+            observe(self._caller, **dict(zip(self._names, args, strict=True)))
             return
-        for function, names in entries:
+        for function, positions in entries:
             try:
-                function(*[kwargs[name] for name in names])
+                if positions is None:
+                    function(*args)
+                else:
+                    function(*[args[index] for index in positions])
             except Exception:
                 _log_failure(self._caller.name, function)
 

@@ -8,6 +8,7 @@ Artemis keeps on a message that matter for delivery guarantees.
 from __future__ import annotations
 
 import base64
+import itertools
 import os
 import time
 from collections.abc import Mapping
@@ -89,6 +90,32 @@ def new_message_id() -> str:
     fast and the send path runs it once per message.
     """
     return base64.urlsafe_b64encode(os.urandom(ID_BYTES)).decode("ascii")
+
+
+# An id per process and a counter: :func:`per_process_unique_id`. A forked child draws
+# its own, or parent and child would hand out the same ids.
+_process_id = new_message_id()
+_process_counter = itertools.count(1)
+
+
+def _redraw_process_id() -> None:
+    global _process_id, _process_counter
+    _process_id = new_message_id()
+    _process_counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_redraw_process_id)
+
+
+def per_process_unique_id() -> str:
+    """A unique id, cheaply: this process's random 120-bit id, ``.``, a counter.
+
+    For ids nothing is derived from, drawn once per message on a hot path (the
+    stand-in id of a delivery that carries no mqguard id): about a fifth of
+    :func:`new_message_id`'s cost (no system call, no encoding). Thread-safe
+    (``next`` on a counter is atomic under the GIL).
+    """
+    return f"{_process_id}.{next(_process_counter)}"
 
 
 def derived_message_id(producer_id: str, sequence: int) -> str:

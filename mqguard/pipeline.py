@@ -36,6 +36,7 @@ from mqguard.message import (
     encode_ids,
     new_message_id,
     now_ms,
+    per_process_unique_id,
 )
 from mqguard.plugin_manager import make_plugin_manager
 from mqguard.redelivery import Mechanism, RedeliveryTimer, choose_mechanism
@@ -168,11 +169,12 @@ class Guard:
         self.plugins = plugin_manager or make_plugin_manager(self.config)
         self.hook = self.plugins.hook
         # The hooks called once per message, without pluggy's per-call overhead.
-        self._before_send = HotCall(self.hook.before_send)
-        self._after_send = HotCall(self.hook.after_send)
-        self._before_deliver = HotCall(self.hook.before_deliver)
-        self._after_deliver = HotCall(self.hook.after_deliver)
-        self._acknowledged = HotCall(self.hook.message_acknowledged)
+        self._before_send = HotCall(self.hook.before_send, self.plugins)
+        self._after_send = HotCall(self.hook.after_send, self.plugins)
+        self._before_deliver = HotCall(self.hook.before_deliver, self.plugins)
+        self._after_deliver = HotCall(self.hook.after_deliver, self.plugins)
+        self._acknowledged = HotCall(self.hook.message_acknowledged,
+                                    self.plugins)
         #: Holds deliveries whose redelivery waits in this process (see mqguard.redelivery).
         self.redelivery_timer = RedeliveryTimer()
         # One lock per subscription: a held redelivery runs the handler on the timer
@@ -236,7 +238,7 @@ class Guard:
         """Stamp the message id and ask the ``before_send`` hooks; record non-CONTINUE verdicts."""
         if not message.message_id:
             message.message_id = new_message_id()
-        verdict = self._before_send.first(message=message, ctx=ctx)
+        verdict = self._before_send.first(message, ctx)
         if verdict is None:
             return _CONTINUE
         if verdict.action is not Action.CONTINUE:
@@ -450,7 +452,7 @@ class Guard:
     def sent(self, message: Message, ctx: HookContext) -> None:
         """The broker confirmed a send (outside a transaction): event and ``after_send``."""
         self.events.emit(EventType.SENT, message)
-        self._after_send.each(message=message, ctx=ctx)
+        self._after_send.each(message, ctx)
 
     def _settle_sent(self, outgoing: list[tuple[Message, HookContext]]) -> None:
         """:meth:`sent` for a confirmed batch: its ``sent`` events in one append (one
@@ -461,7 +463,7 @@ class Guard:
         if not after_send:
             return
         for message, ctx in outgoing:
-            after_send.each(message=message, ctx=ctx)
+            after_send.each(message, ctx)
 
     def send_failed(self, message: Message, ctx: HookContext, exc: BaseException) -> None:
         """A send was not confirmed. The broker may or may not have it: the audit
@@ -592,12 +594,13 @@ class Guard:
                 native = delivery.native_delivery_count
                 message.delivery_count = native if native else (2 if delivery.redelivered
                                                                 else 1)
-            ctx = self.context(message.address, adapter.capabilities, role="consumer",
-                               queue=queue, broker=adapter.broker,
-                               raw_headers=delivery.raw_headers)
-            ctx.native_delivery_count = delivery.native_delivery_count
-            ctx.redelivered = delivery.redelivered
-            verdict = self._before_deliver.first(message=message, ctx=ctx)
+            # Built directly (not through context()): once per delivery.
+            address = message.address
+            ctx = HookContext(self, address, self.settings.resolve(address),
+                              adapter.capabilities, "consumer", queue, None, adapter.broker,
+                              delivery.raw_headers, delivery.native_delivery_count,
+                              delivery.redelivered)
+            verdict = self._before_deliver.first(message, ctx)
             if verdict is not None and verdict.action is not Action.CONTINUE:
                 self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
                 return None
@@ -632,7 +635,7 @@ class Guard:
             if error is not None:
                 self._handler_failed(adapter, delivery, ctx, error, handler)
                 return
-            self._after_deliver.each(message=message, ctx=ctx, error=None)
+            self._after_deliver.each(message, ctx, None)
             if settled:
                 self._acknowledged_elsewhere(delivery, ctx, AckReason.NORMAL, handled=True)
             else:
@@ -655,7 +658,7 @@ class Guard:
         broker_id = delivery.message.broker_message_id
         if broker_id and adapter.capabilities.stable_message_id:
             return f"broker:{broker_id}"
-        return f"unguarded:{new_message_id()}"
+        return f"unguarded:{per_process_unique_id()}"
 
     def _handler_failed(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
                         error: BaseException, handler: Handler | None) -> None:
@@ -826,7 +829,7 @@ class Guard:
         self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=reason.value,
                          handled=handled,
                          delivered_ts=ctx.delivered_ts if handled else None)
-        self._acknowledged.each(message=message, ctx=ctx, reason=reason)
+        self._acknowledged.each(message, ctx, reason)
 
     def move(self, adapter: Adapter, message: Message, address: str, ctx: HookContext,
              reason: str, *, expiry: bool = False, transaction: str | None = None) -> Message:

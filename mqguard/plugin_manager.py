@@ -12,6 +12,33 @@ from mqguard.errors import ConfigError
 from mqguard.registry import BUILTIN_PLUGINS, PLUGIN_ENTRY_POINT_GROUP, load_target
 
 
+class GuardPluginManager(pluggy.PluginManager):
+    """A pluggy plugin manager that counts the changes to its set of plugins.
+
+    :class:`~mqguard.hookcall.HotCall` caches each per-message hook's
+    implementations; with :attr:`generation` it sees in one integer comparison
+    whether that cache still holds, instead of copying and comparing the hook's
+    implementation list on every call (~1.5 µs per delivery on three hooks).
+    """
+
+    def __init__(self, project_name: str) -> None:
+        super().__init__(project_name)
+        #: Bumped by every register and unregister.
+        self.generation = 0
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        try:
+            return super().register(plugin, name)
+        finally:
+            self.generation += 1
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> object:
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            self.generation += 1
+
+
 def make_plugin_manager(config: MqguardConfig) -> pluggy.PluginManager:
     """A plugin manager with every enabled built-in and installed third-party plugin.
 
@@ -19,7 +46,7 @@ def make_plugin_manager(config: MqguardConfig) -> pluggy.PluginManager:
     built-in nor an entry point of that name is registered. A disabled name that
     matches no known plugin is an error: a typo must not leave a plugin running.
     """
-    manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    manager = GuardPluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
     disabled = set(config.core.disabled_plugins)
     installed = {ep.name for ep in entry_points(group=PLUGIN_ENTRY_POINT_GROUP)}
