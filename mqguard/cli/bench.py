@@ -48,12 +48,16 @@ def bench() -> None:
                    "messages (consume). Five, not three: on a shared 2-core machine one "
                    "round's ratio swings from 0.6 to 1.5, and the median of three still "
                    "followed single bad rounds.")
+@click.option("--warmup", type=click.IntRange(0, 1_000_000), default=2000, show_default=True,
+              help="Messages per case sent or consumed on both sides, untimed, before the "
+                   "first round: a freshly started broker is several times slower until "
+                   "its JIT has compiled the hot paths.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def client(brokers: tuple[str, ...], stores: tuple[str, ...], activemq_url: str | None,
            rabbitmq_url: str | None, mosquitto_url: str | None, redis_url: str | None,
            messages: int, size: int, batch: int, prefetch: int, rounds: int,
-           json_path: str | None) -> None:
+           warmup: int, json_path: str | None) -> None:
     """Raw stomp.py / paho-mqtt vs GuardedProducer / GuardedConsumer, per broker and store."""
     from mqguard.bench.client import run_case
 
@@ -69,7 +73,7 @@ def client(brokers: tuple[str, ...], stores: tuple[str, ...], activemq_url: str 
                 store_url = urls["redis"] if store == "redis" else "memory"
                 for direction in ("produce", "consume"):
                     case = run_case(broker, urls[broker], store, store_url, direction,
-                                    messages, size, batch, prefetch, rounds)
+                                    messages, size, batch, prefetch, rounds, warmup)
                     cases.append(case.to_json())
                     click.echo(f"{broker}/{store}/{direction}: raw {case.raw_per_s:,.0f}/s "
                                f"guarded {case.guarded_per_s:,.0f}/s ratio {case.ratio:.3f}",
@@ -78,7 +82,8 @@ def client(brokers: tuple[str, ...], stores: tuple[str, ...], activemq_url: str 
                 ["broker", "store", "direction", "raw_per_s", "guarded_per_s", "ratio"])
     write_json(json_path, {"benchmark": "client", "environment": environment(),
                            "parameters": {"messages": messages, "size": size, "batch": batch,
-                                          "prefetch": prefetch, "rounds": rounds},
+                                          "prefetch": prefetch, "rounds": rounds,
+                                          "warmup": warmup},
                            "goals": {"ratio_redis": 0.9, "ratio_memory": 0.95},
                            "cases": cases})
 

@@ -29,11 +29,12 @@ def test_bench_client_reports_both_directions(broker_url: tuple[str, str],
     result = CliRunner().invoke(main, [
         "bench", "client", "--broker", broker, f"--{broker}-url", url, "--store", "memory",
         "-n", str(MESSAGES), "--batch", "50", "--prefetch", "50", "--rounds", str(ROUNDS),
-        "--json", str(path)])
+        "--warmup", "100", "--json", str(path)])
     assert result.exit_code == 0, result.output
     report = json.loads(path.read_text())
     assert report["benchmark"] == "client"
     assert report["goals"] == {"ratio_redis": 0.9, "ratio_memory": 0.95}
+    assert report["parameters"]["warmup"] == 100
     cases = {case["direction"]: case for case in report["cases"]}
     assert set(cases) == {"produce", "consume"}
     for case in cases.values():
