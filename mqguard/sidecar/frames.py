@@ -185,11 +185,16 @@ class Frame:
     def remove(self, name: str) -> None:
         """Remove every header called ``name`` (from ``wire`` too, when that is simple)."""
         kept = [item for item in self.headers if item[0] != name]
-        if len(kept) == len(self.headers):
+        removed = len(self.headers) - len(kept)
+        if not removed:
             return
-        self.headers[:] = kept
         wire = self.wire
-        self.wire = None if wire is None else _without_header_line(wire, name)
+        if wire is not None:
+            # With a single such header its value gives the exact line to cut (one find).
+            value = self.get(name) if removed == 1 else None
+            wire = _without_header_line(wire, name, value, len(self.body))
+        self.headers[:] = kept
+        self.wire = wire
 
     def header_dict(self) -> dict[str, str]:
         """Headers as a dict, first occurrence of each name winning, wire order kept."""
@@ -200,7 +205,8 @@ class Frame:
         return result
 
 
-def _without_header_line(wire: bytes, name: str) -> bytes | None:
+def _without_header_line(wire: bytes, name: str, value: str | None = None,
+                         body_len: int = 0) -> bytes | None:
     """``wire`` with the one header line called ``name`` cut out; None when not that simple.
 
     Simple: ``name`` is plain ASCII that no STOMP version escapes (and not
@@ -208,6 +214,12 @@ def _without_header_line(wire: bytes, name: str) -> bytes | None:
     the header block starts with it (decoded headers come from these very lines, so the
     line cut is the header removed). The cut runs from the LF before the line to the LF
     after it, so the line's own EOL (LF or CRLF) goes with it.
+
+    ``value``: the header's decoded value when the frame has exactly one header called
+    ``name`` (``body_len``: the length of its body). Its line is then found with one
+    search of the header block for ``LF name ":" value LF``: a line that reads so is
+    that header (the name is never escaped). Otherwise (an escaped value, CRLF) the
+    general way below.
     """
     needle = _LINE_STARTS.get(name)
     if needle is None:
@@ -216,6 +228,16 @@ def _without_header_line(wire: bytes, name: str) -> bytes | None:
         needle = _line_start(name)
     if needle is None:
         return None
+    if value is not None:
+        try:
+            line = needle + value.encode("utf-8") + b"\n"
+        except UnicodeEncodeError:
+            line = b""
+        if line:
+            # The header block and its blank line end where the body starts.
+            at = wire.find(line, 0, len(wire) - body_len - 1)
+            if at >= 0:
+                return wire[:at] + wire[at + len(line) - 1:]
     head_end = _HEAD_END.search(wire)
     if head_end is None:
         return None
@@ -326,8 +348,8 @@ class FrameDecoder:
     further :meth:`feed` raises :class:`FrameError` with the same ``reason``.
     """
 
-    __slots__ = ("_accepted", "_buf", "_commands", "_error", "_limits", "_max_head", "_need", "_nl",
-                 "_scan", "_state", "_version")
+    __slots__ = ("_accepted", "_buf", "_commands", "_error", "_keep_wire", "_limits", "_max_head",
+                 "_need", "_nl", "_scan", "_state", "_version")
 
     def __init__(
         self,
@@ -335,11 +357,15 @@ class FrameDecoder:
         limits: FrameLimits = _DEFAULT_LIMITS,
         commands: frozenset[str] = _ALL_COMMANDS,
         version: str = "1.2",
+        keep_wire: bool = True,
     ) -> None:
         bad = sorted(c for c in commands if not (isinstance(c, str) and _is_command_name(c)))
         if bad:
             raise ValueError(f"commands must be ASCII uppercase words, got {bad!r}")
         self._limits = limits
+        #: Whether decoded frames keep their received octets (Frame.wire): a proxy's
+        #: client leg re-encodes every frame anyway, so copying them there is waste.
+        self._keep_wire = keep_wire
         self._max_head = limits.max_head_bytes
         self._commands = frozenset(commands)
         self._accepted = frozenset(c for c in commands if len(c) <= limits.max_command_bytes)
@@ -496,6 +522,7 @@ class FrameDecoder:
         max_frame = limits.max_frame_bytes
         max_head = self._max_head
         search = _HEAD_END.search
+        keep_wire = self._keep_wire
         append = out.append
         n = len(buf)
         pos = 0
@@ -555,7 +582,7 @@ class FrameDecoder:
             # Octets kept for relaying unchanged, unless a repeated content-length makes the
             # frame ambiguous (encode() keeps only the first one: a peer reading the last
             # one would see other frame boundaries than the proxy did).
-            keep = pos - start <= MAX_WIRE_KEPT and (
+            keep = keep_wire and pos - start <= MAX_WIRE_KEPT and (
                 length is None or buf.count(b"\ncontent-length:", start, head_end) == 1)
             append(Frame(command, headers, body, buf[start:pos] if keep else None))
         if pos < n:

@@ -72,6 +72,20 @@ class _Tally:
         return family
 
 
+class FrameCounts(dict[str, Count]):
+    """The ``frames_total`` series of one direction, by command: ``counts[command].value += 1``
+    is one dict lookup and no call (a frame counter is bumped once per relayed frame)."""
+
+    def __init__(self, tally: _Tally, direction: str) -> None:
+        super().__init__()
+        self._tally = tally
+        self._direction = direction
+
+    def __missing__(self, command: str) -> Count:
+        child = self[command] = self._tally.labels(self._direction, command)
+        return child
+
+
 class _Timing:
     """One labelled series of a :class:`_Histogram` (see there)."""
 
@@ -167,17 +181,21 @@ class SidecarMetrics:
             "mqguard_sidecar_upstream_failures_total", "Broker connections that failed or "
             "were lost.", ["phase"], registry=self.registry)
         # Children resolved once: label lookups cost more than the increments.
-        self.frames_in: dict[str, dict[str, Count]] = {"client": {}, "broker": {}}
+        self.frames_in: dict[str, FrameCounts] = {
+            direction: FrameCounts(self.frames, direction) for direction in ("client", "broker")}
         self._verdicts: dict[tuple[str, str], Count] = {}
         self.send_guard = self.guard_seconds.labels("send")
         self.deliver_guard = self.guard_seconds.labels("deliver")
 
     def frame(self, direction: str, command: str) -> None:
-        cache = self.frames_in.setdefault(direction, {})
-        child = cache.get(command)
-        if child is None:
-            child = cache[command] = self.frames.labels(direction, command)
-        child.value += 1
+        self.frame_counts(direction)[command].value += 1
+
+    def frame_counts(self, direction: str) -> FrameCounts:
+        """The per-command frame counters of ``direction`` (client, broker)."""
+        counts = self.frames_in.get(direction)
+        if counts is None:
+            counts = self.frames_in[direction] = FrameCounts(self.frames, direction)
+        return counts
 
     def message(self, path: str, verdict: str) -> None:
         """Count one message on ``path`` (send, deliver) with the guard's verdict."""

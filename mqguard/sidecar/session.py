@@ -139,7 +139,10 @@ class ProxySession:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         limits = sidecar.limits
-        self._client_decoder = FrameDecoder(limits=limits, commands=CLIENT_COMMANDS)
+        # Client frames are always encoded again (see _write_broker): no need to keep
+        # their received octets.
+        self._client_decoder = FrameDecoder(limits=limits, commands=CLIENT_COMMANDS,
+                                            keep_wire=False)
         self._broker_decoder = FrameDecoder(limits=limits, commands=SERVER_COMMANDS)
         #: The TCP quick-ack re-armers of both legs (see _QuickAck), closed with them.
         self._quick_acks: list[_QuickAck] = []
@@ -416,7 +419,7 @@ class ProxySession:
         on its own, after the run before it. Stops after a frame that ended the client's
         side (DISCONNECT, an ERROR); SessionEnded propagates.
         """
-        frame_count = self.metrics.frame
+        counts = self.metrics.frame_counts("client")
         count = len(items)
         index = 0
         while index < count:
@@ -426,7 +429,7 @@ class ProxySession:
                 self._write_broker_bytes(b"\n")
                 continue
             assert isinstance(item, Frame)
-            frame_count("client", item.command)
+            counts[item.command].value += 1
             if item.command != "SEND":
                 self._on_client_frame(item)
             else:
@@ -443,7 +446,7 @@ class ProxySession:
                         if ahead_fields[2] is not None or not ahead_fields[0]:
                             break
                         index += 1
-                        frame_count("client", "SEND")
+                        counts["SEND"].value += 1
                         run.append((ahead, ahead_fields))  # type: ignore[arg-type]
                     self._on_sends(run)
             if self._client_done:
@@ -453,7 +456,7 @@ class ProxySession:
         source = self._broker_source
         out = self._client_out
         assert source is not None
-        frame_count = self.metrics.frame
+        counts = self.metrics.frame_counts("broker")
         try:
             while (items := await source.batch()) is not None:
                 for item in items:
@@ -462,7 +465,7 @@ class ProxySession:
                             self._write_client_bytes(b"\n")
                         continue
                     assert isinstance(item, Frame)
-                    frame_count("broker", item.command)
+                    counts[item.command].value += 1
                     if self._on_broker_frame(item):
                         self._settle_confirmed()
                         return "broker-error"
@@ -988,8 +991,7 @@ class ProxySession:
             # RabbitMQ echoes a SEND's receipt header in the MESSAGE: it is the
             # sidecar's own id, meaningless to the consumer.
             frame.remove("receipt")
-            del headers["receipt"]
-            own.pop("receipt", None)
+            del headers["receipt"]  # never in ``own``: a broker header
         sub = self._subs.get(headers.get("subscription") or "")
         if sub is None or sub.browse:
             # Unknown: unsubscribed meanwhile (unacked, so the broker gets it back);

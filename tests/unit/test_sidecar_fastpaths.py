@@ -73,3 +73,39 @@ def test_observe_many_counts_each_observation() -> None:
     text = metrics.render().decode()
     assert 'mqguard_sidecar_guard_seconds_count{path="send"} 5.0' in text
     assert 'mqguard_sidecar_guard_seconds_bucket{le="5e-05",path="send"} 5.0' in text
+
+
+_NAMES = st.sampled_from(["receipt", "a", "ab", "content-length", "x:y", "b\\c"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(headers=st.lists(st.tuples(_NAMES, _TEXT), max_size=5), body=_TEXT,
+       name=_NAMES, crlf=st.booleans(), version=st.sampled_from(STOMP_VERSIONS))
+def test_removing_a_header_keeps_the_octets_true_to_the_frame(
+        headers: list[tuple[str, str]], body: str, name: str, crlf: bool, version: str) -> None:
+    # Whatever the octets left after remove() (the line cut, or None for encode()), they
+    # decode to exactly the frame's headers and body: what a peer gets is what it holds.
+    try:
+        wire = encode(Frame("MESSAGE", headers, body.encode()), version)
+    except FrameError:
+        return
+    if crlf:
+        head, sep, rest = wire.partition(b"\n\n")
+        wire = head.replace(b"\n", b"\r\n") + b"\r\n\r\n" + rest
+    (frame,) = FrameDecoder(commands=SERVER_COMMANDS, version=version).feed(wire)
+    assert isinstance(frame, Frame)
+    frame.remove(name)
+    assert all(key != name for key, _ in frame.headers)
+    if frame.wire is not None:
+        (again,) = FrameDecoder(commands=SERVER_COMMANDS, version=version).feed(frame.wire)
+        assert again == frame
+
+
+def test_a_header_line_is_cut_by_its_value_not_from_the_body() -> None:
+    wire = (b"MESSAGE\nsubscription:1\nreceipt:mqguard-r-7\ncontent-length:21\n\n"
+            b"\nreceipt:mqguard-r-7\n\0")
+    (frame,) = FrameDecoder(commands=SERVER_COMMANDS).feed(wire)
+    assert isinstance(frame, Frame)
+    frame.remove("receipt")
+    assert frame.wire == (b"MESSAGE\nsubscription:1\ncontent-length:21\n\n"
+                          b"\nreceipt:mqguard-r-7\n\0")
