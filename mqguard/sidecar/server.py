@@ -32,6 +32,7 @@ from mqguard.pipeline import Guard
 from mqguard.registry import redact_url
 from mqguard.sidecar.eventloop import loop_factory
 from mqguard.sidecar.frames import Frame, FrameLimits, encode
+from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.metrics import SidecarMetrics
 from mqguard.sidecar.session import ProxySession, address_of
 
@@ -124,6 +125,8 @@ class Sidecar:
         self._redistributor_threads: list[threading.Thread] = []
         self.port = 0
         self.admin_port = 0
+        #: The collector settings of a sidecar that owns its process (see gctune).
+        self._gc = GcTuning()
 
     # -- start / stop --------------------------------------------------------------------
 
@@ -138,6 +141,9 @@ class Sidecar:
             self.admin_port = self._admin.sockets[0].getsockname()[1]
         self._start_reaper()
         self._start_redistributors()
+        if self._gc.apply():
+            log.debug("sidecar owns the process: young-generation GC threshold raised, "
+                      "start-up objects frozen")
         log.info("sidecar listening on %s:%d%s, upstream %s%s", host, self.port,
                  " (TLS)" if self.tls else "", self.upstream.where,
                  f", admin on {self.admin_on[0]}:{self.admin_port}"
@@ -160,6 +166,7 @@ class Sidecar:
             self._admin.close()
         if self._owns_guard:
             await asyncio.to_thread(self.guard.close)
+        self._gc.restore()
         log.info("sidecar stopped")
 
     # -- connections ---------------------------------------------------------------------

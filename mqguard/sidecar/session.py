@@ -175,6 +175,8 @@ class ProxySession:
         #: The sidecar has given (or queued) its ERROR: nothing else may follow it.
         self._ending = False
         self._client_task: asyncio.Task[str] | None = None
+        #: The per-message counter of guarded deliveries, resolved once.
+        self._delivered_count = self.metrics.messages.labels("deliver", "continue")
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -1016,7 +1018,7 @@ class ProxySession:
         if ctx is None:
             self.metrics.message("deliver", "taken")
             return
-        self.metrics.message("deliver", "continue")
+        self._delivered_count.value += 1
         self._write_client(frame)
         if sub.mode == "auto":
             self.guard.finish_delivery(self.leg, delivery, ctx, None)

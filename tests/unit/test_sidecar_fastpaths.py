@@ -17,6 +17,7 @@ from mqguard.sidecar.frames import (
     encode_bodiless,
 )
 from mqguard.sidecar.metrics import SidecarMetrics
+from mqguard.sidecar.upstream import _ack_wire
 
 # Names and values with every character STOMP treats specially, and some that it does not.
 _TEXT = st.text(alphabet=st.sampled_from("ab:\\\n\r\0é-_. 1"), max_size=8)
@@ -109,3 +110,17 @@ def test_a_header_line_is_cut_by_its_value_not_from_the_body() -> None:
     frame.remove("receipt")
     assert frame.wire == (b"MESSAGE\nsubscription:1\ncontent-length:21\n\n"
                           b"\nreceipt:mqguard-r-7\n\0")
+
+
+@settings(max_examples=400, deadline=None)
+@given(command=st.sampled_from(["ACK", "NACK"]), token=_TEXT)
+def test_the_ack_shortcut_is_encode(command: str, token: str) -> None:
+    try:
+        expected: bytes | str = encode(Frame(command, [("id", token)]), "1.2")
+    except FrameError as exc:
+        expected = exc.reason
+    try:
+        got: bytes | str = _ack_wire(command, token)
+    except FrameError as exc:
+        got = exc.reason
+    assert got == expected
