@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -94,32 +96,40 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     os.makedirs(options.out, exist_ok=True)
 
     progress(f"reading {len(files)} file(s)")
-    # The live JSONL tails next to Parquet segments are parsed once for the three
-    # passes below (at most a few segments' worth: max-bytes per node).
-    events = load_events(spark, files, cache_jsonl_bytes=JSONL_CACHE_BYTES)
-    # The lean plan (mqguard/audit/lean.py): a pass for the names and time range,
-    # one pass on 64-bit keys for everything else, a filtered read for the few
-    # messages that may be findings. Logs written before acked said whether it ended
-    # a handling go by writing order (one sort); a 64-bit key collision by the
-    # string-keyed hash plan (mqguard/audit/hashed.py).
-    names = lean.address_names(events)
-    if names.unranked and not any("://" in f for f in files):
-        # Local files are ranked by path; a miss would order segments wrongly, silently.
-        raise RuntimeError(f"{names.unranked} events of files not matched to the listing "
-                           "(Spark spelled their paths in an unknown way)")
-    if options.watermark is not None:
-        watermark, source = options.watermark, "given"
-    elif names.last_ts is not None:
-        watermark = names.last_ts - options.grace_ms
-        source = f"last event - {options.grace_ms} ms"
-    else:
-        watermark, source = 0, "no events"
-    all_limits = resolve_limits(options.config, [a for _, a in names.addresses],
-                                max_delivery_attempts=options.max_delivery_attempts)
-    summary_rows = lean.summarise(
-        lean.facts(lean.narrow(events, options.checks)), names,
-        {x.address: x.max_delivery_attempts for x in all_limits}, watermark,
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    # The live JSONL tails are converted to Parquet by pyarrow (a temporary copy in
+    # the output directory, which a cluster's executors share), so every event is
+    # in one Parquet scan; JSON that only Spark reads exactly is parsed once for the
+    # three passes below (at most a few segments' worth: max-bytes per node).
+    converted = tempfile.mkdtemp(prefix=".live-jsonl-", dir=options.out)
+    try:
+        events = load_events(spark, files, cache_jsonl_bytes=JSONL_CACHE_BYTES,
+                             convert_dir=converted)
+        # The lean plan (mqguard/audit/lean.py): a pass for the names and time range,
+        # one pass on 64-bit keys for everything else, a filtered read for the few
+        # messages that may be findings. Logs written before acked said whether it ended
+        # a handling go by writing order (one sort); a 64-bit key collision by the
+        # string-keyed hash plan (mqguard/audit/hashed.py).
+        names = lean.address_names(events)
+        if names.unranked and not any("://" in f for f in files):
+            # Local files are ranked by path; a miss would order segments wrongly, silently.
+            raise RuntimeError(f"{names.unranked} events of files not matched to the listing "
+                               "(Spark spelled their paths in an unknown way)")
+        if options.watermark is not None:
+            watermark, source = options.watermark, "given"
+        elif names.last_ts is not None:
+            watermark = names.last_ts - options.grace_ms
+            source = f"last event - {options.grace_ms} ms"
+        else:
+            watermark, source = 0, "no events"
+        all_limits = resolve_limits(options.config, [a for _, a in names.addresses],
+                                    max_delivery_attempts=options.max_delivery_attempts)
+        summary_rows = lean.summarise(
+            lean.facts(lean.narrow(events, options.checks)), names,
+            {x.address: x.max_delivery_attempts for x in all_limits}, watermark,
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+    except BaseException:
+        shutil.rmtree(converted, ignore_errors=True)
+        raise
     facts: DataFrame | None = None
     grouped: DataFrame | None = None
     details: Callable[[DataFrame], DataFrame] | None = None
@@ -171,6 +181,7 @@ def run_audit(spark: SparkSession, options: AuditOptions,
         path = write_findings(findings, options.out)
     finally:
         uncache()
+        shutil.rmtree(converted, ignore_errors=True)
         summary_rows.unpersist()
         if facts is not None:
             facts.unpersist()
