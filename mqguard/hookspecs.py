@@ -111,6 +111,19 @@ def after_send(message: Message, ctx: HookContext) -> None:
 
 
 @hookspec
+def after_send_batch(messages: list[Message], ctx: HookContext) -> None:
+    """The broker confirmed ``messages``, a batch decided with ``ctx.batch`` True.
+
+    The counterpart of :func:`before_send_batch`: called once per confirmed batch
+    (per part when the guard writes in parts) of ``send_batch`` outside transactions
+    and of the sidecar, *after* :func:`after_send` was called for each message.
+    Those ``after_send`` calls saw ``ctx.batch`` True and may have left their work
+    to this hook (e.g. confirming every duplicate id of the batch under one lock).
+    ``ctx`` is the first message's; the messages may go to several addresses.
+    """
+
+
+@hookspec
 def on_send_exception(message: Message, ctx: HookContext, exception: BaseException) -> None:
     """Sending ``message`` failed with ``exception`` (Artemis ``onSendException``).
 

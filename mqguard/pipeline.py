@@ -171,6 +171,7 @@ class Guard:
         # The hooks called once per message, without pluggy's per-call overhead.
         self._before_send = HotCall(self.hook.before_send, self.plugins)
         self._after_send = HotCall(self.hook.after_send, self.plugins)
+        self._after_send_batch = HotCall(self.hook.after_send_batch, self.plugins)
         self._before_deliver = HotCall(self.hook.before_deliver, self.plugins)
         self._after_deliver = HotCall(self.hook.after_deliver, self.plugins)
         self._acknowledged = HotCall(self.hook.message_acknowledged,
@@ -456,14 +457,18 @@ class Guard:
 
     def _settle_sent(self, outgoing: list[tuple[Message, HookContext]]) -> None:
         """:meth:`sent` for a confirmed batch: its ``sent`` events in one append (one
-        timestamp), then ``after_send`` per message. This runs after the last receipt,
+        timestamp), ``after_send`` per message, then ``after_send_batch`` once for the
+        messages decided as a batch (``ctx.batch``). This runs after the last receipt,
         with nothing else for the broker to do, so its cost is the batch's latency."""
         self.events.emit_many(EventType.SENT, [message for message, _ in outgoing])
         after_send = self._after_send
-        if not after_send:
-            return
-        for message, ctx in outgoing:
-            after_send.each(message, ctx)
+        if after_send:
+            for message, ctx in outgoing:
+                after_send.each(message, ctx)
+        if self._after_send_batch:
+            batched = [(message, ctx) for message, ctx in outgoing if ctx.batch]
+            if batched:
+                self._after_send_batch.each([message for message, _ in batched], batched[0][1])
 
     def send_failed(self, message: Message, ctx: HookContext, exc: BaseException) -> None:
         """A send was not confirmed. The broker may or may not have it: the audit

@@ -254,12 +254,28 @@ class DuplicateDetectionPlugin:
 
     @hookimpl
     def after_send(self, message: Message, ctx: HookContext) -> None:
-        # A transaction's ids are confirmed together in transaction_ended.
-        if ctx.transaction is not None or ctx.settings.id_cache_size == 0:
+        # A transaction's ids are confirmed together in transaction_ended, a batch's in
+        # after_send_batch.
+        if ctx.batch or ctx.transaction is not None or ctx.settings.id_cache_size == 0:
             return
         if (key := self._cache_key(message)) is not None:
             self._settled(*key)
             self._confirmations.owe(ctx.store, *key)
+
+    @hookimpl
+    def after_send_batch(self, messages: list[Message], ctx: HookContext) -> None:
+        """Confirm the batch's reserved ids: one lock for all, not one per message."""
+        resolve = ctx.guard.settings.resolve
+        keys = [key for message in messages
+                if resolve(message.address).id_cache_size != 0
+                and (key := self._cache_key(message)) is not None]
+        if not keys:
+            return
+        if self._held:
+            with self._lock:
+                for key in keys:
+                    self._held.pop(key, None)
+        self._confirmations.owe_many(ctx.store, keys)
 
     @hookimpl
     def on_send_exception(self, message: Message, ctx: HookContext,
@@ -417,11 +433,17 @@ class _Confirmations:
         self._flush()
 
     def owe(self, store: Store, cache: str, digest: bytes) -> None:
+        self.owe_many(store, [(cache, digest)])
+
+    def owe_many(self, store: Store, keys: Sequence[tuple[str, bytes]]) -> None:
+        """Owe the confirmation of each (cache, digest) of ``keys``."""
         with self._lock:
             self._store = store
-            self._owed.setdefault(cache, []).append(digest)
-            self._count += 1
-            if self._count > MAX_OWED_CONFIRMATIONS:
+            owed = self._owed
+            for cache, digest in keys:
+                owed.setdefault(cache, []).append(digest)
+            self._count += len(keys)
+            while self._count > MAX_OWED_CONFIRMATIONS:
                 self._drop_oldest()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True,

@@ -336,6 +336,17 @@ def test_batch_confirms_the_digests_it_reserved(setup) -> None:
         assert outcome(guard, "q", dup) is RingOutcome.DUPLICATE
 
 
+def test_batch_to_several_addresses_confirms_each_in_its_own_cache(setup) -> None:
+    guard, _, producer = setup
+    results = producer.send_batch([producer.message(address, b"", duplicate_id=dup)
+                                   for address, dup in (("q", "a"), ("r", "b"), ("q", "c"))])
+    assert all(result.sent for result in results)
+    guard.close()  # flushes the confirmations owed by after_send_batch
+    assert [outcome(guard, address, dup) for address, dup in
+            (("q", "a"), ("r", "b"), ("q", "c"))] == [RingOutcome.DUPLICATE] * 3
+    assert outcome(guard, "r", "a") is RingOutcome.NEW  # confirmed per address
+
+
 def test_confirmations_wake_the_flusher_once_and_again_after_a_flush() -> None:
     from plugins.duplicate_detection import _Confirmations
 

@@ -118,6 +118,21 @@ def test_hook_after_send(guard: Guard, adapter: LoopbackAdapter) -> None:
     assert recorder.names() == ["after_send"]  # not called for a failed send
 
 
+def test_hook_after_send_batch(guard: Guard, adapter: LoopbackAdapter) -> None:
+    recorder = register(guard, "after_send_batch")
+    per_message = register(guard, "after_send")
+    producer = GuardedProducer(adapter, guard)
+    results = producer.send_batch([producer.message(address, body) for address, body in
+                                   (("q", b"0"), ("r", b"1"), ("q", b"2"))])
+    assert [call for call, _ in recorder.calls] == ["after_send_batch"]  # once per batch
+    kwargs = recorder.kwargs("after_send_batch")
+    assert kwargs["messages"] == [result.message for result in results]
+    assert kwargs["ctx"].batch is True and kwargs["ctx"].address == "q"
+    assert len(per_message.calls) == 3  # after_send still runs for each message first
+    producer.send("q", b"single")
+    assert len(recorder.calls) == 1  # not for a one-message send
+
+
 def test_hook_on_send_exception(guard: Guard, adapter: LoopbackAdapter) -> None:
     recorder = register(guard, "on_send_exception")
     adapter.fail_sends = True
