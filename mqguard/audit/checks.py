@@ -137,8 +137,10 @@ def event_rows(events: DataFrame) -> DataFrame:
     own_key = F.when(is_message, F.col("message_id")).otherwise(
         F.concat(F.lit("\u0000"), F.col("row").cast("string")))
     copy_key = F.when(valid & _is(E.MOVED), F.col("new_message_id"))
-    exploded = events.select(
-        "*", F.posexplode(F.array_compact(F.array(own_key, copy_key))).alias("pos", "key"))
+    # Not array_compact: it is a lambda (filter), evaluated row by row outside the
+    # generated code; this CASE gives the same arrays (own_key is never null).
+    keys = F.when(copy_key.isNull(), F.array(own_key)).otherwise(F.array(own_key, copy_key))
+    exploded = events.select("*", F.posexplode(keys).alias("pos", "key"))
     copy = F.col("pos") == 1
     rows = exploded.select(
         "key", "pos", "node", "file", "file_rank", "row", "ts", "ack_reason", "target",
