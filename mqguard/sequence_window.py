@@ -44,6 +44,10 @@ def _check_seq(seq: int) -> None:
         raise ValueError(f"sequence numbers must be >= 0, got {seq}")
 
 
+# The hot methods (seen and mark at each level, once or twice per delivery) test
+# ``seq < 0`` and look their entries up inline: the helper calls cost more than the work.
+
+
 class SequenceWindow:
     """The marked sequences among the newest ``size`` of one producer. Not thread-safe.
 
@@ -82,13 +86,16 @@ class SequenceWindow:
 
     def seen(self, seq: int) -> bool:
         """Whether ``seq`` is marked; False above the window and below it (forgotten)."""
-        _check_seq(seq)
-        return self._in_window(seq) and bool(self._bits >> (seq % self._size) & 1)
+        if seq < 0:
+            _check_seq(seq)
+        high, size = self._high, self._size
+        return high - size < seq <= high and bool(self._bits >> (seq % size) & 1)
 
     def mark(self, seq: int) -> None:
         """Mark ``seq``, sliding the window forward when it is above ``high``. A sequence
         below the window is ignored: it could not be reported as seen anyway."""
-        _check_seq(seq)
+        if seq < 0:
+            _check_seq(seq)
         size = self._size
         if seq > self._high:
             gap = seq - self._high
@@ -158,20 +165,26 @@ class ProducerAudit:
 
     def seen(self, producer_id: str, seq: int) -> bool:
         """Whether ``seq`` of ``producer_id`` is marked (False for an unknown producer)."""
-        window = self._get(producer_id)
+        windows = self._windows
+        window = windows.get(producer_id)
         if window is None:
             _check_seq(seq)
             return False
+        windows.move_to_end(producer_id)
         return window.seen(seq)
 
     def mark(self, producer_id: str, seq: int) -> None:
         """Mark ``seq`` of ``producer_id``, tracking the producer if it is new."""
-        _check_seq(seq)
-        window = self._get(producer_id)
+        if seq < 0:
+            _check_seq(seq)
+        windows = self._windows
+        window = windows.get(producer_id)
         if window is None:
-            window = self._windows[producer_id] = SequenceWindow(self._window)
-            if len(self._windows) > self._max_producers:
-                self._windows.popitem(last=False)
+            window = windows[producer_id] = SequenceWindow(self._window)
+            if len(windows) > self._max_producers:
+                windows.popitem(last=False)
+        else:
+            windows.move_to_end(producer_id)
         window.mark(seq)
 
     def forget(self, producer_id: str, seq: int) -> None:
@@ -214,21 +227,30 @@ class ConsumerAudit:
     def seen(self, destination: str, producer_id: str, seq: int) -> bool:
         """Whether ``seq`` of ``producer_id`` was marked on ``destination``: when True the
         delivery is a duplicate and must not reach the handler."""
-        _check_seq(seq)
+        if seq < 0:
+            _check_seq(seq)
         with self._lock:
-            producers = self._get(destination)
-            return producers is not None and producers.seen(producer_id, seq)
+            destinations = self._destinations
+            producers = destinations.get(destination)
+            if producers is None:
+                return False
+            destinations.move_to_end(destination)
+            return producers.seen(producer_id, seq)
 
     def mark(self, destination: str, producer_id: str, seq: int) -> None:
         """Record that the handler succeeded for ``seq`` of ``producer_id`` on ``destination``."""
-        _check_seq(seq)
+        if seq < 0:
+            _check_seq(seq)
         with self._lock:
-            producers = self._get(destination)
+            destinations = self._destinations
+            producers = destinations.get(destination)
             if producers is None:
                 producers = ProducerAudit(self._max_producers, self._window)
-                self._destinations[destination] = producers
-                if len(self._destinations) > self._max_destinations:
-                    self._destinations.popitem(last=False)
+                destinations[destination] = producers
+                if len(destinations) > self._max_destinations:
+                    destinations.popitem(last=False)
+            else:
+                destinations.move_to_end(destination)
             producers.mark(producer_id, seq)
 
     def forget(self, destination: str, producer_id: str, seq: int) -> None:

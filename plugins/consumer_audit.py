@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from typing import Final, Literal
 
 from pydantic import Field
@@ -94,8 +93,9 @@ class ConsumerAuditPlugin:
     def __init__(self) -> None:
         self.options = ConsumerAuditOptions()
         self.audit = ConsumerAudit()
-        # (destination, producer, sequence) -> message id of the copy in flight.
-        self._in_flight: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        # (destination, producer, sequence) -> message id of the copy in flight; a plain
+        # dict, oldest first (insertion order), cheaper per delivery than an OrderedDict.
+        self._in_flight: dict[tuple[str, str, int], str] = {}
         self._lock = threading.Lock()
 
     @hookimpl
@@ -125,23 +125,31 @@ class ConsumerAuditPlugin:
     def _hold(self, destination: str, producer: str, sequence: int, message_id: str) -> bool:
         """Record the delivery as in flight; True when another copy already is."""
         key = (destination, producer, sequence)
+        in_flight = self._in_flight
         with self._lock:
-            holder = self._in_flight.get(key)
-            if holder is not None and holder != message_id:
-                return True
-            self._in_flight[key] = message_id  # the same copy redelivered takes over
-            self._in_flight.move_to_end(key)
-            if len(self._in_flight) > MAX_IN_FLIGHT:
-                self._in_flight.popitem(last=False)
+            holder = in_flight.get(key)
+            if holder is not None:
+                if holder != message_id:
+                    return True
+                del in_flight[key]  # the same copy redelivered: it becomes the newest
+            in_flight[key] = message_id
+            if len(in_flight) > MAX_IN_FLIGHT:
+                del in_flight[next(iter(in_flight))]
         return False
 
     def _settled(self, message: Message, ctx: HookContext) -> None:
         producer, sequence = message.producer_id, message.sequence
-        if producer is None or sequence is None or not self._in_flight:
+        if producer is None or sequence is None:
             return
         key = (ctx.queue or message.address, producer, sequence)
+        message_id = message.message_id
+        # Looked at without the lock first: a handled delivery was settled by after_deliver
+        # already, so its ack finds nothing. This delivery's entry was put there before (by
+        # its before_deliver), so a miss cannot be a race with that insertion.
+        if self._in_flight.get(key) != message_id:
+            return
         with self._lock:
-            if self._in_flight.get(key) == message.message_id:
+            if self._in_flight.get(key) == message_id:
                 del self._in_flight[key]
 
     @hookimpl
