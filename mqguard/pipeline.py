@@ -831,7 +831,7 @@ class Guard:
         the handler returned for the delivery opened at ``ctx.delivered_ts`` -- which the
         event says (``handled``, ``delivered_ts``) so the audit needs no writing order."""
         message = delivery.message
-        self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=reason.value,
+        self.events.emit(EventType.ACKED, message, queue=ctx.queue, ack_reason=str(reason),
                          handled=handled,
                          delivered_ts=ctx.delivered_ts if handled else None)
         self._acknowledged.each(message, ctx, reason)

@@ -27,8 +27,12 @@ class Action(enum.Enum):
     REDELIVER = "redeliver"
 
 
-class AckReason(enum.Enum):
-    """Why a delivered message was acknowledged (Artemis ``AckReason``)."""
+class AckReason(enum.StrEnum):
+    """Why a delivered message was acknowledged (Artemis ``AckReason``).
+
+    A ``StrEnum``: ``str(reason)`` is its value without the enum's ``.value``
+    descriptor, which cost ~0.2 us on every ``acked`` event.
+    """
 
     #: Handled by the application (or a duplicate delivery the consumer audit acknowledged).
     NORMAL = "normal"
