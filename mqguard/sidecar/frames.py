@@ -78,6 +78,16 @@ _UNESCAPE_12: Final = {**_UNESCAPE_11, "r": "\r"}
 # both forms in one pass, whatever EOL style the peer uses (two finds could scan far ahead).
 _HEAD_END: Final = re.compile(rb"\n\r?\n")
 
+#: The commonest frames per message, one header and no body: a RECEIPT per sent message
+#: and a STOMP 1.2 ACK (or NACK) per consumed one. Keyed by their first octet; the decoder
+#: takes ``prefix VALUE LF LF NUL`` (VALUE without backslash, CR or NUL) in one search
+#: and gives exactly what the general parse gives (a property test checks it).
+_SHORTCUTS: Final[dict[int, tuple[bytes, str, str]]] = {
+    ord("R"): (b"RECEIPT\nreceipt-id:", "RECEIPT", "receipt-id"),
+    ord("A"): (b"ACK\nid:", "ACK", "id"),
+    ord("N"): (b"NACK\nid:", "NACK", "id"),
+}
+
 # Decoder states for an incomplete frame held in the buffer.
 _HEAD: Final = 0  # the blank line after the headers has not arrived yet
 _BODY_LEN: Final = 1  # content-length known; waiting for ``_need`` bytes in total
@@ -349,7 +359,7 @@ class FrameDecoder:
     """
 
     __slots__ = ("_accepted", "_buf", "_commands", "_error", "_keep_wire", "_limits", "_max_head",
-                 "_need", "_nl", "_scan", "_state", "_version")
+                 "_need", "_nl", "_scan", "_shortcuts", "_state", "_version")
 
     def __init__(
         self,
@@ -366,6 +376,8 @@ class FrameDecoder:
         #: Whether decoded frames keep their received octets (Frame.wire): a proxy's
         #: client leg re-encodes every frame anyway, so copying them there is waste.
         self._keep_wire = keep_wire
+        #: First octet -> a shortcut for the plain form of a one-header frame (_SHORTCUTS).
+        self._shortcuts = _SHORTCUTS
         self._max_head = limits.max_head_bytes
         self._commands = frozenset(commands)
         self._accepted = frozenset(c for c in commands if len(c) <= limits.max_command_bytes)
@@ -523,6 +535,7 @@ class FrameDecoder:
         max_head = self._max_head
         search = _HEAD_END.search
         keep_wire = self._keep_wire
+        shortcuts = self._shortcuts
         append = out.append
         n = len(buf)
         pos = 0
@@ -540,6 +553,28 @@ class FrameDecoder:
                     pos += 2
                     continue
             start = pos
+            shortcut = shortcuts.get(octet)
+            if shortcut is not None and buf.startswith(shortcut[0], start):
+                # One of the commonest frames per message (see _SHORTCUTS): when it is
+                # the plain kind, complete here, taken in one search; anything else
+                # (escapes, CR, over a limit, incomplete...) goes the general way below.
+                prefix, command, name = shortcut
+                value_at = start + len(prefix)
+                end = buf.find(b"\n", value_at,
+                               value_at + limits.max_header_line_bytes - len(name))
+                if (end >= 0 and end + 2 < n and buf[end + 1] == 10 and buf[end + 2] == 0
+                        and end + 3 - start <= max_frame and command in self._accepted):
+                    raw = buf[value_at:end]
+                    if b"\\" not in raw and b"\r" not in raw and b"\0" not in raw:
+                        try:
+                            value = raw.decode("utf-8")
+                        except UnicodeDecodeError:
+                            pass
+                        else:
+                            pos = end + 3
+                            append(Frame(command, [(name, value)], b"",
+                                         buf[start:pos] if keep_wire else None))
+                            continue
             match = search(buf, start, min(n, start + max_head))
             if match is None:
                 self._nl = 0

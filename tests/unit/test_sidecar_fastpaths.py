@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqguard.sidecar.frames import (
     CLIENT_COMMANDS,
+    HEARTBEAT,
     SERVER_COMMANDS,
     STOMP_VERSIONS,
     Frame,
     FrameDecoder,
     FrameError,
+    FrameLimits,
     encode,
     encode_bodiless,
 )
@@ -124,3 +128,81 @@ def test_the_ack_shortcut_is_encode(command: str, token: str) -> None:
     except FrameError as exc:
         got = exc.reason
     assert got == expected
+
+
+# Frames shaped like the shortcut's (a prefix, a value, an end), with everything that must
+# send them the general way instead: escapes, CR, NUL, bad UTF-8, more headers, a body,
+# an incomplete end; and limits small enough to be hit.
+_PREFIXES = st.sampled_from([b"RECEIPT\nreceipt-id:", b"ACK\nid:", b"NACK\nid:", b"MESSAGE\nid:",
+                             b"RECEIPT\n", b"ACK\nids:"])
+_VALUE = st.lists(st.sampled_from([b"mqguard-r-1", b"ID:x", b"\\c", b"\\", b"\xc3\xa9", b"\xff",
+                                   b":", b"\r", b"\0", b"x" * 9, b""]), max_size=3)
+_ENDS = st.sampled_from([b"\n\n\0", b"\n\n\0\n", b"\r\n\r\n\0", b"\n\n", b"\n", b"\nx:1\n\n\0",
+                         b"\n\nbody\0", b"\n\r\n\0", b"\n\n\0\r\n"])
+_FRAMES = st.lists(st.tuples(_PREFIXES, _VALUE, _ENDS), min_size=1, max_size=4)
+
+
+def _decoded(decoder: FrameDecoder, chunks: list[bytes]) -> list[object]:
+    out: list[object] = []
+    for chunk in chunks:
+        try:
+            items = decoder.feed(chunk)
+        except FrameError as exc:
+            out.extend((item, getattr(item, "wire", None)) for item in exc.frames)
+            out.append(("error", exc.reason))
+            break
+        out.extend((item, getattr(item, "wire", None)) for item in items)
+    return out
+
+
+@settings(max_examples=600, deadline=None)
+@given(frames=_FRAMES, cuts=st.lists(st.integers(0, 120), max_size=3),
+       version=st.sampled_from(STOMP_VERSIONS), keep_wire=st.booleans(),
+       line=st.sampled_from([6, 16, 8192]), frame_max=st.sampled_from([12, 30, 1 << 20]),
+       commands=st.sampled_from([CLIENT_COMMANDS, SERVER_COMMANDS]))
+def test_the_one_header_shortcut_decodes_as_the_general_parse(
+        frames: list[tuple[bytes, list[bytes], bytes]], cuts: list[int], version: str,
+        keep_wire: bool, line: int, frame_max: int, commands: frozenset[str]) -> None:
+    data = b"".join(prefix + b"".join(value) + end for prefix, value, end in frames)
+    bounds = sorted({min(cut, len(data)) for cut in cuts} | {0, len(data)})
+    chunks = [data[a:b] for a, b in pairwise(bounds)] or [b""]
+    limits = FrameLimits(max_header_line_bytes=line, max_frame_bytes=frame_max)
+    fast = FrameDecoder(limits=limits, commands=commands, version=version, keep_wire=keep_wire)
+    slow = FrameDecoder(limits=limits, commands=commands, version=version, keep_wire=keep_wire)
+    slow._shortcuts = {}  # the general parse only
+    assert _decoded(fast, chunks) == _decoded(slow, chunks)
+
+
+def test_the_shortcut_takes_plain_receipts_and_acks() -> None:
+    decoder = FrameDecoder(commands=SERVER_COMMANDS)
+    decoder._shortcuts = {}  # a decoder that would take the general way ...
+    general = decoder.feed(b"RECEIPT\nreceipt-id:mqguard-r-1\n\n\0\n")
+    decoder = FrameDecoder(commands=SERVER_COMMANDS)
+    shortcut = decoder.feed(b"RECEIPT\nreceipt-id:mqguard-r-1\n\n\0\n")
+    assert shortcut == general == [Frame("RECEIPT", [("receipt-id", "mqguard-r-1")]), HEARTBEAT]
+    (ack,) = FrameDecoder(commands=CLIENT_COMMANDS, keep_wire=False).feed(b"ACK\nid:T@@1\n\n\0")
+    assert isinstance(ack, Frame)
+    assert ack.headers == [("id", "T@@1")] and ack.wire is None
+
+
+@pytest.mark.parametrize("data", [
+    b"RECEIPT\nreceipt-id:a\r\n\n\0",  # CRLF: the CR belongs to the EOL, not the value
+    b"RECEIPT\nreceipt-id:a\rb\n\n\0",
+    b"RECEIPT\nreceipt-id:a\\cb\n\n\0",  # escaped
+    b"RECEIPT\nreceipt-id:a\\xb\n\n\0",  # a bad escape: an error either way
+    b"RECEIPT\nreceipt-id:a\0\n\n\0",  # NUL in the header block
+    b"RECEIPT\nreceipt-id:\xff\n\n\0",  # not UTF-8
+    b"RECEIPT\nreceipt-id:a\n\nb\0",  # a body
+    b"RECEIPT\nreceipt-id:a\nx:1\n\n\0",  # a second header
+    b"RECEIPT\nreceipt-id:a\n\n",  # incomplete
+    b"ACK\nid:ID:1:2\n\n\0\nNACK\nid:\xc3\xa9\n\n\0",
+    b"ACK\nid:" + b"x" * 9000 + b"\n\n\0",  # a header line over the limit
+])
+@pytest.mark.parametrize("version", STOMP_VERSIONS)
+def test_the_shortcut_leaves_every_other_shape_to_the_general_parse(data: bytes,
+                                                                    version: str) -> None:
+    commands = CLIENT_COMMANDS | SERVER_COMMANDS
+    fast = FrameDecoder(commands=commands, version=version)
+    slow = FrameDecoder(commands=commands, version=version)
+    slow._shortcuts = {}
+    assert _decoded(fast, [data]) == _decoded(slow, [data])
