@@ -1114,11 +1114,9 @@ class StompAdapter:
         body = frame.body
         if not isinstance(body, bytes):
             body = str(body or "").encode("utf-8")
-        message = Message.from_wire(
-            sub.address, body,
-            {k: v for k, v in headers.items() if k not in BROKER_MESSAGE_HEADERS},
-            broker_message_id=headers.get("message-id"),
-        )
+        message = Message.from_wire(sub.address, body, headers,
+                                    broker_message_id=headers.get("message-id"),
+                                    exclude=BROKER_MESSAGE_HEADERS)
         delivery = Delivery(
             message=message,
             subscription_id=sub_id,

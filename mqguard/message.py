@@ -11,7 +11,7 @@ import base64
 import itertools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -142,6 +142,17 @@ def split_derived_id(message_id: str) -> tuple[str, int] | None:
     return None
 
 
+def _pop_wire_int(headers: dict[str, str], name: str) -> int | None:
+    """Take ``name`` out of ``headers`` as a number; a malformed value stays a header."""
+    raw = headers.pop(name, None)
+    if raw is None:
+        return None
+    number = parse_wire_int(raw)
+    if number is None:
+        headers[name] = raw
+    return number
+
+
 def now_ms() -> int:
     """Wall-clock time in epoch milliseconds (the unit of every expiration)."""
     return time.time_ns() // 1_000_000
@@ -207,34 +218,26 @@ class Message:
         headers: Mapping[str, str],
         *,
         broker_message_id: str | None = None,
+        exclude: Collection[str] = (),
     ) -> Message:
         """Rebuild a message from wire headers, splitting off the guard's fields.
 
-        A message without ``mqguard-producer`` and ``mqguard-seq`` whose id has the
-        form of :func:`derived_message_id` gets its producer and sequence from the id.
-        Malformed guard headers (a non-numeric sequence, say) are kept as plain
-        application headers rather than raising: a message is never lost because
-        some other client wrote a header we also use.
+        Headers named in ``exclude`` (the broker's own, say) are left out of
+        :attr:`headers`. A message without ``mqguard-producer`` and ``mqguard-seq``
+        whose id has the form of :func:`derived_message_id` gets its producer and
+        sequence from the id. Malformed guard headers (a non-numeric sequence, say)
+        are kept as plain application headers rather than raising: a message is never
+        lost because some other client wrote a header we also use.
         """
-        app: dict[str, str] = {}
-        message_id = ""
-        duplicate_id: str | None = None
-        producer_id: str | None = None
-        sequence: int | None = None
-        expiration = 0
-        for key, value in headers.items():
-            if key == MESSAGE_ID_HEADER:
-                message_id = value
-            elif key == DUPLICATE_ID_HEADER:
-                duplicate_id = value
-            elif key == PRODUCER_ID_HEADER:
-                producer_id = value
-            elif key == SEQUENCE_HEADER and (number := parse_wire_int(value)) is not None:
-                sequence = number
-            elif key == EXPIRATION_HEADER and (number := parse_wire_int(value)) is not None:
-                expiration = number
-            else:
-                app[key] = value
+        # A copy without the excluded names, then a pop per guard header: once per
+        # delivery, cheaper than comparing every header with each guard name in Python.
+        app = ({key: value for key, value in headers.items() if key not in exclude}
+               if exclude else dict(headers))
+        message_id = app.pop(MESSAGE_ID_HEADER, "")
+        duplicate_id = app.pop(DUPLICATE_ID_HEADER, None)
+        producer_id = app.pop(PRODUCER_ID_HEADER, None)
+        sequence = _pop_wire_int(app, SEQUENCE_HEADER)
+        expiration = _pop_wire_int(app, EXPIRATION_HEADER) or 0
         if producer_id is None and sequence is None and message_id:
             derived = split_derived_id(message_id)
             if derived is not None:

@@ -35,6 +35,15 @@ def test_malformed_guard_headers_stay_application_headers(bad: str) -> None:
     assert message.headers == {SEQUENCE_HEADER: bad, EXPIRATION_HEADER: bad}
 
 
+def test_excluded_headers_are_left_out_and_guard_fields_still_read() -> None:
+    wire = {"destination": "/queue/q", "ack": "7", "app": "1", SEQUENCE_HEADER: "3",
+            **Message("q", b"", message_id="m", duplicate_id="d").wire_headers()}
+    got = Message.from_wire("q", b"", wire, exclude={"destination", "ack", "absent"})
+    assert got.headers == {"app": "1"}
+    assert (got.message_id, got.duplicate_id, got.sequence) == ("m", "d", 3)
+    assert "ack" in wire  # the caller's headers are not changed
+
+
 def test_guard_headers_round_trip() -> None:
     sent = Message("q", b"x", {"app": "1"}, message_id="m", duplicate_id="d", expiration=5,
                    producer_id="p", sequence=7)
