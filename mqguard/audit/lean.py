@@ -44,7 +44,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mqguard.audit.checks import COPIED, TERMINAL, UNGUARDED_PREFIXES, CheckOptions, event_rows
 from mqguard.audit.events import valid_event
-from mqguard.audit.hashed import _FATE_BITS, FATES, _position, details_of, group_rows
+from mqguard.audit.hashed import _FATE_BITS, FATES, details_of, group_rows
 from mqguard.events import EventType as E
 from mqguard.verdict import AckReason
 
@@ -133,6 +133,14 @@ def facts(rows: DataFrame) -> DataFrame:
     message on one queue, and for one on several (a topic's subscriptions) a
     necessary condition of the per-queue one, which is all the pre-filter needs:
     the survivors' exact per-queue facts come from :func:`survivor_details`.
+
+    ``any_duplicated`` is such a condition too: a queue's duplicate is a second
+    handling, or a delivery after the first handling in writing order, which is not
+    the handled delivery itself (written before its ack), so the message has two
+    deliveries and its last one is no earlier than the first handled one. A message
+    redelivered and then handled once passes it (the survivors' read decides); the
+    exact positions (:func:`mqguard.audit.hashed._position`, a ``DECIMAL(38, 0)``)
+    would turn off Spark's fast hash map for every message.
     """
     c = F.col
     code = c("code")
@@ -169,8 +177,10 @@ def facts(rows: DataFrame) -> DataFrame:
         F.count_if(code == F.lit(TRANSACTION)).alias("transactions"),
         F.count_if(code == F.lit(ACK_LEGACY)).alias("legacy"),
         F.count_if(handling).alias("handlings"),
-        F.min(F.when(handling, _position(c("val")))).alias("first_handled"),
-        F.max(F.when(delivered, _position(c("ts")))).alias("last_delivery"),
+        # Times, not the (time, file, row) positions of the hash plan: a DECIMAL(38)
+        # buffer turns off Spark's fast hash map for the whole aggregation.
+        F.min(F.when(handling, c("val"))).alias("first_handled_ts"),
+        F.max(F.when(delivered, c("ts"))).alias("last_delivery_ts"),
         F.count_if(c("late_by").isNotNull()).alias("max_late"))
     return per_key.select(
         "key", c("m").alias("is_message"), (~c("ung")).alias("guarded"), "collisions",
@@ -182,8 +192,9 @@ def facts(rows: DataFrame) -> DataFrame:
         "dead_letters", "expiries",
         F.greatest(c("delivered"), F.coalesce(c("max_count"), F.lit(0))
                    ).alias("max_queue_deliveries"),
-        ((c("handlings") >= 2) | F.coalesce(c("last_delivery") > c("first_handled"),
-                                            F.lit(False))).alias("any_duplicated"),
+        ((c("handlings") >= 2)
+         | F.coalesce((c("delivered") >= 2) & (c("last_delivery_ts") >= c("first_handled_ts")),
+                      F.lit(False))).alias("any_duplicated"),
         "max_late")
 
 

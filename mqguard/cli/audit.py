@@ -70,7 +70,8 @@ def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--out", default=DEFAULT_OUT, show_default=True,
               type=click.Path(file_okay=False),
               help="Output directory: summary.json, findings/class=<class>/ (Parquet), "
-                   "spark.log.")
+                   "spark.log; while the audit runs, also a Parquet copy of the live "
+                   ".jsonl files (.live-jsonl-*, deleted at the end).")
 @click.option("--watermark", type=WatermarkType(),
               help="Messages sent after this time are not judged (epoch ms or ISO 8601). "
                    "Default: the last event's time minus --grace-ms.")
