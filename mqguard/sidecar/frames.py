@@ -355,7 +355,8 @@ class FrameDecoder:
     order, and buffers the rest.  ``version`` governs header unescaping and may be changed at
     any time (the proxy sets it once CONNECTED has negotiated); it applies to frames completed
     by later :meth:`feed` calls.  After a :class:`FrameError` the decoder is poisoned: every
-    further :meth:`feed` raises :class:`FrameError` with the same ``reason``.
+    further :meth:`feed` raises :class:`FrameError` with the same ``reason``.  With
+    ``keep_wire=False`` decoded frames carry no received octets (``Frame.wire`` is None).
     """
 
     __slots__ = ("_accepted", "_buf", "_commands", "_error", "_keep_wire", "_limits", "_max_head",
