@@ -55,6 +55,7 @@ __all__ = [
     "encode",
     "encode_bodiless",
     "encode_heartbeat",
+    "encode_one_header",
     "wire_of",
 ]
 
@@ -751,6 +752,29 @@ def encode_bodiless(command: str, headers: list[tuple[str, str]], version: str) 
         return "\n".join(lines).encode("utf-8") + b"\0"
     except UnicodeEncodeError:
         return encode(Frame(command, list(headers)), version)
+
+
+def encode_one_header(command: str, name: str, value: str, version: str) -> bytes:
+    """``encode_bodiless(command, [(name, value)], version)`` in one step for the usual case.
+
+    For the frames the sidecar writes once per message (an ACK, a RECEIPT): ``name`` a
+    plain header name (lowercase ASCII letters and ``-``), ``value`` ASCII without
+    backslash, CR or NUL needs at most its colons and LFs escaped; anything else, and
+    STOMP 1.0 or an unescaped command, takes :func:`encode_bodiless`.
+    """
+    if (version == "1.0" or command in _UNESCAPED_COMMANDS or command not in _ALL_COMMANDS
+            or name not in _PLAIN_NAMES or "\\" in value or "\r" in value or "\0" in value
+            or not value.isascii()):
+        return encode_bodiless(command, [(name, value)], version)
+    if ":" in value:
+        value = value.replace(":", "\\c")
+    if "\n" in value:
+        value = value.replace("\n", "\\n")
+    return f"{command}\n{name}:{value}\n\n\0".encode("ascii")
+
+
+#: Header names :func:`encode_one_header` writes as they are.
+_PLAIN_NAMES: Final = frozenset({"id", "receipt-id", "message-id", "subscription"})
 
 
 def _encode_checked(command: str, headers: list[tuple[str, str]], body: bytes, version: str,

@@ -62,7 +62,7 @@ from mqguard.sidecar.frames import (
     FrameDecoder,
     FrameError,
     encode,
-    encode_bodiless,
+    encode_one_header,
     wire_of,
 )
 from mqguard.sidecar.outbox import Outbox
@@ -540,8 +540,8 @@ class ProxySession:
             self.guard._settle_sent(batch)
 
     def _client_receipt(self, receipt_id: str) -> None:
-        self._client_out.write(encode_bodiless("RECEIPT", [("receipt-id", receipt_id)],
-                                               self.version))
+        self._client_out.write(encode_one_header("RECEIPT", "receipt-id", receipt_id,
+                                                 self.version))
 
     def _truncated_frame(self) -> bool:
         """At the client's end of stream: True (and an ERROR) if it ended inside a frame.

@@ -28,7 +28,7 @@ from mqguard.adapters.stomp import BROKER_CAPABILITIES, StompAdapter, send_heade
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
 from mqguard.message import Message
-from mqguard.sidecar.frames import Frame, encode_bodiless
+from mqguard.sidecar.frames import Frame, encode_bodiless, encode_one_header
 
 log = logging.getLogger("mqguard.sidecar.upstream")
 
@@ -136,7 +136,7 @@ class UpstreamLeg:
             # The common case, once per consumed message: written at once, no Frame.
             if self._alive and token in self._open:
                 self._open.discard(token)
-                self._write_wire(_ack_wire(command, token))
+                self._write_wire(encode_one_header(command, "id", token, "1.2"))
             return
         headers = ack_headers(self.version, token, delivery.subscription_id)
         if transaction is not None:
@@ -229,21 +229,6 @@ class UpstreamLeg:
             action()
         else:
             self._loop.call_soon_threadsafe(action)
-
-
-def _ack_wire(command: str, token: str) -> bytes:
-    """``encode_bodiless(command, [("id", token)], "1.2")``, for the usual token in one step.
-
-    A token without CR, NUL or backslash needs at most its colons and LFs escaped
-    (ActiveMQ's ``ID:...``; RabbitMQ's have none); anything else takes encode_bodiless.
-    """
-    if "\\" in token or "\r" in token or "\0" in token or not token.isascii():
-        return encode_bodiless(command, [("id", token)], "1.2")
-    if ":" in token:
-        token = token.replace(":", "\\c")
-    if "\n" in token:
-        token = token.replace("\n", "\\n")
-    return f"{command}\nid:{token}\n\n\0".encode("ascii")
 
 
 def ack_headers(version: str, token: str, subscription: str) -> list[tuple[str, str]]:

@@ -19,9 +19,9 @@ from mqguard.sidecar.frames import (
     FrameLimits,
     encode,
     encode_bodiless,
+    encode_one_header,
 )
 from mqguard.sidecar.metrics import SidecarMetrics
-from mqguard.sidecar.upstream import _ack_wire
 
 # Names and values with every character STOMP treats specially, and some that it does not.
 _TEXT = st.text(alphabet=st.sampled_from("ab:\\\n\r\0é-_. 1"), max_size=8)
@@ -116,15 +116,18 @@ def test_a_header_line_is_cut_by_its_value_not_from_the_body() -> None:
                           b"\nreceipt:mqguard-r-7\n\0")
 
 
-@settings(max_examples=400, deadline=None)
-@given(command=st.sampled_from(["ACK", "NACK"]), token=_TEXT)
-def test_the_ack_shortcut_is_encode(command: str, token: str) -> None:
+@settings(max_examples=600, deadline=None)
+@given(command=st.sampled_from(sorted(CLIENT_COMMANDS | SERVER_COMMANDS)),
+       name=st.sampled_from(["id", "receipt-id", "message-id", "subscription", "a:b", "x"]),
+       value=_TEXT, version=st.sampled_from(STOMP_VERSIONS))
+def test_the_one_header_shortcut_is_encode(command: str, name: str, value: str,
+                                           version: str) -> None:
     try:
-        expected: bytes | str = encode(Frame(command, [("id", token)]), "1.2")
+        expected: bytes | str = encode(Frame(command, [(name, value)]), version)
     except FrameError as exc:
         expected = exc.reason
     try:
-        got: bytes | str = _ack_wire(command, token)
+        got: bytes | str = encode_one_header(command, name, value, version)
     except FrameError as exc:
         got = exc.reason
     assert got == expected
