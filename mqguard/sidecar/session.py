@@ -976,9 +976,9 @@ class ProxySession:
 
     def _on_message(self, frame: Frame) -> None:
         assert self.leg is not None
-        # All headers (first occurrence wins) for the lookups below, and the message's
-        # own (without the broker's) for the guard. dict() keeps the last occurrence, so
-        # it is only taken when no name repeats (always, from the brokers seen so far).
+        # All headers (first occurrence wins) for the lookups below and the guard.
+        # dict() keeps the last occurrence, so it is only taken when no name repeats
+        # (always, from the brokers seen so far).
         raw = frame.headers
         headers = dict(raw)
         if len(headers) != len(raw):
@@ -986,14 +986,12 @@ class ProxySession:
             for key, value in raw:
                 if key not in headers:
                     headers[key] = value
-        own = {key: value for key, value in headers.items()
-               if key not in BROKER_MESSAGE_HEADERS}
         echoed = headers.get("receipt")
         if echoed is not None and echoed.startswith(CHAIN_RECEIPT_PREFIX):
             # RabbitMQ echoes a SEND's receipt header in the MESSAGE: it is the
             # sidecar's own id, meaningless to the consumer.
             frame.remove("receipt")
-            del headers["receipt"]  # never in ``own``: a broker header
+            del headers["receipt"]
         sub = self._subs.get(headers.get("subscription") or "")
         if sub is None or sub.browse:
             # Unknown: unsubscribed meanwhile (unacked, so the broker gets it back);
@@ -1005,8 +1003,10 @@ class ProxySession:
         if token is None:
             self._write_client(frame)  # nothing to settle with: relay as is
             return
-        message = Message.from_wire(sub.queue, frame.body, own,
-                                    broker_message_id=headers.get("message-id"))
+        # The message's own headers: the broker's left out in from_wire's one pass.
+        message = Message.from_wire(sub.queue, frame.body, headers,
+                                    broker_message_id=headers.get("message-id"),
+                                    exclude=BROKER_MESSAGE_HEADERS)
         delivery = Delivery(message, sub.id, token,
                             redelivered=headers.get("redelivered") == "true",
                             native_delivery_count=_native_count(self.broker, sub, headers),
