@@ -134,6 +134,8 @@ PROPERTY_ERRORS_KEY: Final = "mqguard-property-errors"
 MAX_MQTT_STRING: Final = 65535
 #: Topics whose matching subscription is remembered (see MqttAdapter._match).
 MAX_CACHED_ROUTES: Final = 10_000
+#: Addresses whose checked publish topic is remembered (see MqttAdapter._publish_topic).
+MAX_REMEMBERED_TOPICS: Final = 1024
 #: Why a method that waits for the broker refuses to run on the delivery (network) thread.
 ON_DELIVERY_THREAD: Final = (
     "cannot wait for the broker's confirmation on the delivery thread; use a separate "
@@ -597,6 +599,8 @@ class MqttAdapter:
         self.session_present = False
 
         self._lock = threading.RLock()
+        # address -> its topic, checked (dict reads and writes are atomic: no lock).
+        self._publish_topics: dict[str, str] = {}
         self._dispatcher = JobThread("mqguard-mqtt-dispatcher")
         #: paho's network thread of the current client (set by its CONNACK).
         self._network_thread: threading.Thread | None = None
@@ -961,11 +965,9 @@ class MqttAdapter:
         if message.scheduled_delivery:
             raise AdapterError(f"MQTT has no delayed delivery: cannot hold a message to "
                                f"{message.address!r} back")
-        topic = address_to_topic(message.address)
-        check_mqtt_string(topic, f"topic {topic!r}")
-        if "+" in topic or "#" in topic:
-            raise AdapterError(f"cannot publish to {message.address!r}: MQTT wildcards (+, #) "
-                               "are only for subscriptions")
+        topic = self._publish_topics.get(message.address)
+        if topic is None:
+            topic = self._publish_topic(message.address)
         headers = message.wire_headers()
         if not self._v5:
             if headers:
@@ -994,6 +996,18 @@ class MqttAdapter:
             raise AdapterError(f"headers of a message to {message.address!r} are not valid "
                                "MQTT strings")
         return topic, message.body, properties
+
+    def _publish_topic(self, address: str) -> str:
+        """``address``'s topic, checked once and remembered (a producer sends to few)."""
+        topic = address_to_topic(address)
+        check_mqtt_string(topic, f"topic {topic!r}")
+        if "+" in topic or "#" in topic:
+            raise AdapterError(f"cannot publish to {address!r}: MQTT wildcards (+, #) "
+                               "are only for subscriptions")
+        if len(self._publish_topics) >= MAX_REMEMBERED_TOPICS:
+            self._publish_topics.clear()
+        self._publish_topics[address] = topic
+        return topic
 
     def send(self, message: Message, *, transaction: str | None = None) -> None:
         """Publish at QoS 1 and wait for the PUBACK (``publish_timeout``).
