@@ -3,8 +3,8 @@
 For each broker and store, and each direction, the raw client (stomp.py or
 paho-mqtt) and the guarded path do the same work — confirmed sends in
 pipelined batches, individually acknowledged receives. Guarded sends carry a
-unique ``_AMQ_DUPL_ID`` (raw STOMP sends carry the same header) so duplicate
-detection runs at full cost. Every built-in plugin that is enabled by default
+unique ``_AMQ_DUPL_ID`` (raw sends carry the same: a STOMP header, an MQTT 5 user
+property) so duplicate detection runs at full cost. Every built-in plugin that is enabled by default
 runs on the guarded side, and the event log writes to a temporary directory,
 because that is what users pay for.
 

@@ -136,14 +136,27 @@ def _mqtt_client(url: str, client_id: str) -> mqtt.Client:
 
 
 class MqttProducer:
-    """Plain paho-mqtt publishing QoS 1 batches, each batch's PUBACKs awaited."""
+    """Plain paho-mqtt publishing QoS 1 batches, each batch's PUBACKs awaited.
+
+    Every PUBLISH carries a unique ``_AMQ_DUPL_ID`` user property, built with paho's own
+    ``Properties``, as the raw STOMP producer carries the header: an application that
+    wants duplicate detection sends its duplicate id either way, so both sides of the
+    benchmark send it.
+    """
 
     def __init__(self, url: str, address: str) -> None:
+        self.address = address
         self.client = _mqtt_client(url, f"raw-pub-{time.monotonic_ns()}")
         self.topic = address.replace(".", "/")
+        self.sent = 0
 
     def send_batch(self, bodies: Sequence[bytes]) -> None:
-        infos = [self.client.publish(self.topic, body, qos=1) for body in bodies]
+        infos = []
+        for i, body in enumerate(bodies, self.sent):
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.UserProperty = ("_AMQ_DUPL_ID", f"{self.address}-{i}")
+            infos.append(self.client.publish(self.topic, body, qos=1, properties=properties))
+        self.sent += len(bodies)
         for info in infos:
             info.wait_for_publish(30)
 
