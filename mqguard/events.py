@@ -79,20 +79,23 @@ class EventType(enum.StrEnum):
 
 def message_fields(message: Message) -> dict[str, Any]:
     """The event fields that describe ``message``."""
-    fields: dict[str, Any] = {}
-    _add_message_fields(fields, message)
-    return fields
+    record = _record(0, "", "", message)
+    for key in ("v", "ts", "type", "node"):
+        del record[key]
+    return record
 
 
 _SAFE_NODE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+def _record(ts: int, event_type: str, node: str, message: Message) -> dict[str, Any]:
+    """An event's record with the fields that describe ``message`` (:func:`message_fields`).
 
-def _add_message_fields(record: dict[str, Any], message: Message) -> None:
-    """Write the message's event fields (:func:`message_fields`) straight into ``record``:
-    two events per delivery make this a hot path."""
-    record["address"] = message.address
-    record["message_id"] = message.message_id
+    Two events per delivery and one per send make this the hot path of the log: one dict
+    display and a test per optional field measured 0.7-0.8 µs a record, against ~2 µs
+    for a copied head plus an item assignment per field."""
+    record: dict[str, Any] = {"v": SCHEMA_VERSION, "ts": ts, "type": event_type, "node": node,
+                              "address": message.address, "message_id": message.message_id}
     if message.duplicate_id is not None:
         record["duplicate_id"] = message.duplicate_id
     if message.producer_id is not None:
@@ -104,6 +107,8 @@ def _add_message_fields(record: dict[str, Any], message: Message) -> None:
         record["delivery_count"] = message.delivery_count
     if message.broker_message_id is not None:
         record["broker_message_id"] = message.broker_message_id
+    return record
+
 
 class EventLog:
     """Buffered, rotating JSONL writer. Thread-safe; one file per process (node)."""
@@ -162,10 +167,10 @@ class EventLog:
         """Record one event. Cheap: no I/O, no JSON encoding on the caller's thread."""
         if self._closed:
             raise RuntimeError(f"event log {self.path} is closed; event {event_type} not written")
-        record: dict[str, Any] = {"v": SCHEMA_VERSION, "ts": time.time_ns() // 1_000_000,
-                                  "type": str(event_type), "node": self.node_id}
-        if message is not None:
-            _add_message_fields(record, message)
+        ts = time.time_ns() // 1_000_000
+        record = (_record(ts, str(event_type), self.node_id, message) if message is not None
+                  else {"v": SCHEMA_VERSION, "ts": ts, "type": str(event_type),
+                        "node": self.node_id})
         for key, value in fields.items():
             if value is not None:
                 record[key] = value
@@ -173,22 +178,33 @@ class EventLog:
         pending.append(record)
         self._after_append(len(pending))
 
-    def emit_many(self, event_type: EventType | str, messages: Iterable[Message]) -> None:
-        """Record one event per message, without further fields, at one timestamp.
+    def emit_many(self, event_type: EventType | str, messages: Iterable[Message], *,
+                  ts: int | None = None, names: tuple[str, ...] = (),
+                  values: Iterable[tuple[Any, ...]] | None = None) -> None:
+        """Record one event per message at one timestamp (``ts``, default now).
 
         The same records :meth:`emit` writes, built in one loop and appended in one
         ``extend``: the send path records the ``sent`` events of a whole batch of
-        confirmations at once.
+        confirmations at once, the deliver path the ``delivered`` / ``acked`` events
+        of one read. Further fields: ``names`` and, per message, a tuple of their
+        ``values`` (None values are left out, as :meth:`emit` does), e.g.
+        ``names=("queue",), values=[("orders",), ...]``.
         """
         if self._closed:
             raise RuntimeError(f"event log {self.path} is closed; event {event_type} not written")
-        head = {"v": SCHEMA_VERSION, "ts": time.time_ns() // 1_000_000,
-                "type": str(event_type), "node": self.node_id}
-        records = []
-        for message in messages:
-            record = head.copy()
-            _add_message_fields(record, message)
-            records.append(record)
+        if ts is None:
+            ts = time.time_ns() // 1_000_000
+        kind, node = str(event_type), self.node_id
+        if values is None:
+            records = [_record(ts, kind, node, message) for message in messages]
+        else:
+            records = []
+            for message, row in zip(messages, values, strict=True):
+                record = _record(ts, kind, node, message)
+                for name, value in zip(names, row, strict=True):
+                    if value is not None:
+                        record[name] = value
+                records.append(record)
         pending = self._pending
         pending.extend(records)
         self._after_append(len(pending))
@@ -306,7 +322,9 @@ class NullEventLog(EventLog):
              **fields: Any) -> None:
         return None
 
-    def emit_many(self, event_type: EventType | str, messages: Iterable[Message]) -> None:
+    def emit_many(self, event_type: EventType | str, messages: Iterable[Message], *,
+                  ts: int | None = None, names: tuple[str, ...] = (),
+                  values: Iterable[tuple[Any, ...]] | None = None) -> None:
         return None
 
     def flush(self) -> None:

@@ -130,3 +130,150 @@ def observe(caller: pluggy.HookCaller, **kwargs: Any) -> None:
 def _log_failure(hook: str, function: Callable[..., Any] | None) -> None:
     where = f"{function.__module__}.{function.__qualname__}" if function is not None else hook
     log.exception("observer %s failed in %s; the message's fate is unchanged", hook, where)
+
+
+# One step of a batch call: an implementation's function, True when it is a batch twin
+# (called once with the lists) rather than a per-message hook (called per message), and
+# its argument positions as in _Entry.
+_Step = tuple[Callable[..., Any], bool, tuple[int, ...] | None]
+
+
+class BatchCall:
+    """Calls a per-message hook over a batch: each plugin's batch twin once, the others'
+    per-message implementation once per message, in the per-message hook's plugin order.
+
+    ``single`` is the per-message hook (``before_deliver(message, ctx)``), ``batch`` its
+    twin (``before_deliver_batch(messages, contexts)``); the twin's first two arguments
+    are the lists of the per-message hook's first two, the rest are the same. A twin
+    stands in for its own plugin's per-message implementation, identified by the plugin
+    object; a twin whose plugin has no per-message implementation is ignored (and
+    reported by :func:`orphan_twins`). Wrapper implementations on either hook make every
+    call go per message, through :class:`HotCall` (so through pluggy).
+    """
+
+    __slots__ = ("_batch", "_complete", "_generation", "_impls", "_manager", "_names",
+                 "_per_message", "_single", "_single_names", "_steps")
+
+    def __init__(self, single: pluggy.HookCaller, batch: pluggy.HookCaller,
+                 manager: object | None = None) -> None:
+        if single.spec is None or batch.spec is None:
+            raise ValueError(f"hook {single.name}/{batch.name} has no hookspec")
+        self._single = HotCall(single, manager)
+        self._batch = batch
+        self._single_names = tuple(single.spec.argnames)
+        self._names = tuple(batch.spec.argnames)
+        self._manager = manager if hasattr(manager, "generation") else None
+        self._generation = -1
+        self._impls: tuple[list[pluggy.HookImpl], list[pluggy.HookImpl]] = ([], [])
+        self._steps: tuple[_Step, ...] = ()
+        self._complete = False
+        self._per_message = False
+
+    def _current(self) -> tuple[_Step, ...]:
+        manager = self._manager
+        if manager is not None:
+            generation: int = manager.generation  # type: ignore[attr-defined]
+            if generation == self._generation:
+                return self._steps
+            self._generation = generation
+        singles = self._single._caller.get_hookimpls()
+        twins = self._batch.get_hookimpls()
+        if (singles, twins) != self._impls:
+            self._impls = (singles, twins)
+            self._rebuild(singles, twins)
+        return self._steps
+
+    def _rebuild(self, singles: list[pluggy.HookImpl], twins: list[pluggy.HookImpl]) -> None:
+        self._per_message = any(impl.hookwrapper or impl.wrapper for impl in (*singles, *twins))
+        by_plugin = {id(impl.plugin): impl for impl in twins}
+        steps: list[_Step] = []
+        complete = True
+        for impl in reversed(singles):  # pluggy's call order
+            twin = by_plugin.get(id(impl.plugin))
+            if twin is not None:
+                steps.append((twin.function, True, _positions(twin.argnames, self._names)))
+            else:
+                complete = False
+                steps.append((impl.function, False,
+                              _positions(impl.argnames, self._single_names)))
+        self._steps = tuple(steps)
+        self._complete = complete and not self._per_message
+
+    def __bool__(self) -> bool:
+        """True when some plugin implements the per-message hook."""
+        return bool(self._current())
+
+    def covered(self) -> bool:
+        """True when every per-message implementation has a batch twin (and none is a
+        wrapper): a batch decision then calls plugins only through their twins."""
+        self._current()
+        return self._complete
+
+    def decide(self, messages: list[Any], contexts: list[Any]) -> dict[int, Any]:
+        """A firstresult hook over a batch (:meth:`covered` must be True): each plugin's
+        twin with the messages no earlier plugin decided; ``{index: result}`` of the
+        non-None answers. Exceptions propagate."""
+        decided: dict[int, Any] = {}
+        undecided = list(range(len(messages)))
+        for function, _, positions in self._current():
+            if not undecided:
+                break
+            if len(undecided) == len(messages):
+                subset, sub_contexts = messages, contexts
+            else:
+                subset = [messages[index] for index in undecided]
+                sub_contexts = [contexts[index] for index in undecided]
+            answer = (function(subset, sub_contexts) if positions is None
+                      else function(*[(subset, sub_contexts)[index] for index in positions]))
+            if not answer:
+                continue
+            for local, result in answer.items():
+                if result is not None and 0 <= local < len(undecided):
+                    decided[undecided[local]] = result
+            undecided = [index for index in undecided if index not in decided]
+        return decided
+
+    def each(self, messages: list[Any], contexts: list[Any], batch_rest: tuple[Any, ...] = (),
+             single_rest: tuple[Any, ...] = ()) -> None:
+        """An observer hook over a batch: twins once with the lists (and ``batch_rest``),
+        the other plugins per message (with ``single_rest``). What an implementation
+        raises is logged and the next one is called (a twin that raises has then not
+        seen the messages after the one it failed on)."""
+        steps = self._current()
+        if self._per_message:
+            for message, ctx in zip(messages, contexts, strict=True):
+                self._single.each(message, ctx, *single_rest)
+            return
+        for function, is_batch, positions in steps:
+            if is_batch:
+                args: tuple[Any, ...] = (messages, contexts, *batch_rest)
+                try:
+                    if positions is None:
+                        function(*args)
+                    else:
+                        function(*[args[index] for index in positions])
+                except Exception:
+                    _log_failure(self._batch.name, function)
+                continue
+            for message, ctx in zip(messages, contexts, strict=True):
+                args = (message, ctx, *single_rest)
+                try:
+                    if positions is None:
+                        function(*args)
+                    else:
+                        function(*[args[index] for index in positions])
+                except Exception:
+                    _log_failure(self._single._caller.name, function)
+
+
+def _positions(argnames: Sequence[str], names: tuple[str, ...]) -> tuple[int, ...] | None:
+    if tuple(argnames) == names:
+        return None
+    return tuple(names.index(name) for name in argnames)
+
+
+def orphan_twins(single: pluggy.HookCaller, batch: pluggy.HookCaller) -> list[str]:
+    """Names of the plugins implementing ``batch`` but not ``single`` (an error: a twin
+    is used only in addition to its plugin's per-message hook)."""
+    plugins = {id(impl.plugin) for impl in single.get_hookimpls()}
+    return [impl.plugin_name for impl in batch.get_hookimpls() if id(impl.plugin) not in plugins]

@@ -15,6 +15,14 @@ Three kinds of hooks:
   ``tryfirst`` / ``trylast``.
 * :func:`before_send_batch` collects: every implementation is called and
   their ``{index: verdict}`` answers are merged.
+* **Batch twins** of per-message hooks (:func:`before_deliver_batch`,
+  :func:`after_deliver_batch`, :func:`message_acknowledged_batch`) let a plugin
+  handle the deliveries of one broker read (or the acknowledgements of one client
+  read) in one call. They are optional and never replace the per-message hook: a
+  plugin implements them *in addition* to it, and must give exactly the outcome its
+  per-message hook would give called on each message in order. A plugin that
+  implements only the per-message hook keeps working: the guard calls it once per
+  message instead (see :meth:`~mqguard.pipeline.Guard.open_deliveries`).
 * **Observers** (everything else but the lifecycle hooks) return nothing. An
   exception raised by one is logged (logger ``mqguard.plugins``, with the
   implementation's name) and does not change the message's fate nor stop the
@@ -163,8 +171,39 @@ def before_deliver(message: Message, ctx: HookContext) -> Verdict | None:
 
 
 @hookspec
+def before_deliver_batch(messages: list[Message], contexts: list[HookContext]
+                         ) -> dict[int, Verdict] | None:
+    """The batch twin of :func:`before_deliver`: decide several deliveries in one call.
+
+    ``contexts[i]`` is ``messages[i]``'s context. Used by
+    :meth:`~mqguard.pipeline.Guard.open_deliveries` (the sidecar: the MESSAGEs of one
+    broker read) only when *every* ``before_deliver`` implementation has this twin;
+    otherwise each message goes through ``before_deliver`` on its own. Plugins are
+    called in ``before_deliver``'s order, each with the messages no earlier plugin
+    decided (so ``messages`` may be a subset of the batch; indexes refer to the list
+    given). Return ``{index: verdict}`` for the messages you decide, None or ``{}``
+    for none. The messages of one call are in delivery order and distinct: no two
+    share a message id, or a producer id and sequence (the guard starts another call
+    at a repeat, after the earlier one's verdict was applied); verdicts are applied in
+    order after every plugin has seen the call. The answers must be those
+    ``before_deliver`` would give on each message in order.
+    """
+
+
+@hookspec
 def after_deliver(message: Message, ctx: HookContext, error: BaseException | None) -> None:
     """The application handler returned (``error`` is None) or raised ``error``."""
+
+
+@hookspec
+def after_deliver_batch(messages: list[Message], contexts: list[HookContext]) -> None:
+    """The batch twin of :func:`after_deliver` for successful handlings (``error`` None).
+
+    Called by :meth:`~mqguard.pipeline.Guard.finish_deliveries` (the sidecar: the ACKs
+    of one client read) with the messages in acknowledgement order; failures go
+    through ``after_deliver`` one by one. Plugins without this twin get
+    ``after_deliver(message, ctx, None)`` per message, in the same plugin order.
+    """
 
 
 @hookspec(firstresult=True)
@@ -183,6 +222,14 @@ def on_handler_failure(message: Message, ctx: HookContext,
 @hookspec
 def message_acknowledged(message: Message, ctx: HookContext, reason: AckReason) -> None:
     """A delivery was acknowledged, with why (Artemis ``messageAcknowledged``)."""
+
+
+@hookspec
+def message_acknowledged_batch(messages: list[Message], contexts: list[HookContext],
+                               reason: AckReason) -> None:
+    """The batch twin of :func:`message_acknowledged`: ``messages`` were acknowledged,
+    all for ``reason``, after ``after_deliver_batch``. Plugins without this twin get
+    ``message_acknowledged`` per message, in the same plugin order."""
 
 
 @hookspec

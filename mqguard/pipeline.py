@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 from mqguard.adapter import Adapter, Capabilities, Delivery
 from mqguard.config import MqguardConfig, load_config
 from mqguard.context import HookContext
-from mqguard.errors import MessageRejected, TransactionRolledBack
+from mqguard.errors import ConfigError, MessageRejected, TransactionRolledBack
 from mqguard.events import EventLog, EventType, NullEventLog
-from mqguard.hookcall import HotCall, observe
+from mqguard.hookcall import BatchCall, HotCall, observe, orphan_twins
 from mqguard.message import (
     ACTUAL_EXPIRY_HEADER,
     ID_BYTES,
@@ -176,6 +176,13 @@ class Guard:
         self._after_deliver = HotCall(self.hook.after_deliver, self.plugins)
         self._acknowledged = HotCall(self.hook.message_acknowledged,
                                     self.plugins)
+        # The deliver path's batch twins (open_deliveries / finish_deliveries).
+        self._before_deliver_batch = BatchCall(self.hook.before_deliver,
+                                               self.hook.before_deliver_batch, self.plugins)
+        self._after_deliver_batch = BatchCall(self.hook.after_deliver,
+                                              self.hook.after_deliver_batch, self.plugins)
+        self._acknowledged_batch = BatchCall(self.hook.message_acknowledged,
+                                             self.hook.message_acknowledged_batch, self.plugins)
         #: Holds deliveries whose redelivery waits in this process (see mqguard.redelivery).
         self.redelivery_timer = RedeliveryTimer()
         # One lock per subscription: a held redelivery runs the handler on the timer
@@ -189,9 +196,24 @@ class Guard:
 
     def start(self) -> Guard:
         if not self._started:
+            self._check_batch_twins()
             self._started = True
             self.hook.guard_started(guard=self)
         return self
+
+    def _check_batch_twins(self) -> None:
+        """A batch twin without its per-message hook would be skipped by the one-message
+        paths: refuse to start rather than guard some deliveries differently."""
+        hook = self.hook
+        for single, batch in ((hook.before_deliver, hook.before_deliver_batch),
+                              (hook.after_deliver, hook.after_deliver_batch),
+                              (hook.message_acknowledged, hook.message_acknowledged_batch)):
+            orphans = orphan_twins(single, batch)
+            if orphans:
+                raise ConfigError(
+                    f"plugin(s) {', '.join(orphans)} implement {batch.name} but not "
+                    f"{single.name}: a batch hook is only used in addition to its "
+                    "per-message hook")
 
     def close(self) -> None:
         """Stop plugins, write pending events, release the store (if the guard made them)."""
@@ -623,6 +645,185 @@ class Guard:
             log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
                           message.message_id, queue)
             return None
+
+    def open_deliveries(self, adapter: Adapter, deliveries: Sequence[Delivery],
+                        queues: Sequence[str]) -> list[HookContext | None]:
+        """:meth:`open_delivery` for several deliveries at once (the sidecar: the MESSAGEs
+        of one broker read); ``queues[i]`` is ``deliveries[i]``'s queue.
+
+        Returns, per delivery, what :meth:`open_delivery` returns, with the same
+        verdicts, events, store state and hook calls per message as calling it on each
+        in order, at a lower cost per message: one ``before_deliver_batch`` call per
+        plugin instead of a ``before_deliver`` call per message and plugin, and the
+        ``delivered`` events in one append (one timestamp, ``ctx.delivered_ts``).
+
+        Order: plugins are asked plugin by plugin over the batch, and the verdicts are
+        applied in delivery order afterwards, whereas one by one each verdict is applied
+        before the next message is decided. That gives the same outcome because a
+        decision depends only on earlier deliveries of the same message (its id: the
+        delivery count) or of the same send (its producer and sequence: the consumer
+        audit), so a batch is cut before such a repeat: the earlier one's verdict is
+        applied before the repeat is decided. Plugins that implement only
+        ``before_deliver`` may rely on any order, so when one is registered every
+        delivery takes :meth:`open_delivery`. Never raises; a failure inside mqguard
+        (a plugin or the store raising) leaves every delivery of the failing call
+        unacknowledged (None), where one by one only the message it failed on would be:
+        the broker redelivers them, nothing is lost.
+        """
+        if len(deliveries) < 2 or not self._before_deliver_batch.covered():
+            return [self.open_delivery(adapter, delivery, queue=queue)
+                    for delivery, queue in zip(deliveries, queues, strict=True)]
+        results: list[HookContext | None] = []
+        chunk: list[tuple[Delivery, HookContext]] = []
+        ids: set[str] = set()
+        sends: set[tuple[str, int]] = set()
+        resolve = self.settings.resolve
+        capabilities, broker = adapter.capabilities, adapter.broker
+        for delivery, queue in zip(deliveries, queues, strict=True):
+            message = delivery.message
+            try:
+                if not message.message_id:
+                    message.message_id = self._fallback_message_id(delivery, adapter)
+                if message.delivery_count == 0:
+                    native = delivery.native_delivery_count
+                    message.delivery_count = native if native else (2 if delivery.redelivered
+                                                                    else 1)
+                ctx = HookContext(self, message.address, resolve(message.address),
+                                  capabilities, "consumer", queue, None, broker,
+                                  delivery.raw_headers, delivery.native_delivery_count,
+                                  delivery.redelivered)
+            except Exception:
+                log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
+                              message.message_id, queue)
+                if chunk:  # keep the results in delivery order
+                    self._open_chunk(adapter, chunk, results)
+                    chunk, ids, sends = [], set(), set()
+                results.append(None)
+                continue
+            send = ((message.producer_id, message.sequence)
+                    if message.producer_id is not None and message.sequence is not None
+                    else None)
+            if message.message_id in ids or (send is not None and send in sends):
+                # A repeat: decided after the earlier delivery's verdict was applied.
+                self._open_chunk(adapter, chunk, results)
+                chunk, ids, sends = [], set(), set()
+            chunk.append((delivery, ctx))
+            ids.add(message.message_id)
+            if send is not None:
+                sends.add(send)
+        if chunk:
+            self._open_chunk(adapter, chunk, results)
+        return results
+
+    def _open_chunk(self, adapter: Adapter, chunk: list[tuple[Delivery, HookContext]],
+                    results: list[HookContext | None]) -> None:
+        """Decide ``chunk`` (distinct deliveries) in one batch call per plugin, apply the
+        verdicts in order and write the ``delivered`` events; appends to ``results``."""
+        messages = [delivery.message for delivery, _ in chunk]
+        contexts = [ctx for _, ctx in chunk]
+        try:
+            verdicts = self._before_deliver_batch.decide(messages, contexts)
+        except Exception:
+            log.exception("deliveries of %d messages (%s...) on %s failed inside mqguard; "
+                          "left unacknowledged", len(chunk), messages[0].message_id,
+                          contexts[0].queue)
+            results.extend([None] * len(chunk))
+            return
+        ts = now_ms()
+        # The deliveries handed on since the last verdict: their events are written before
+        # the next verdict's, so the log keeps delivery order.
+        opened: list[tuple[int, Message, HookContext]] = []
+        for index, (delivery, ctx) in enumerate(chunk):
+            verdict = verdicts.get(index)
+            if verdict is not None and verdict.action is not Action.CONTINUE:
+                self._write_delivered(opened, ts, results)
+                opened = []
+                results.append(None)
+                try:
+                    self._apply_delivery_verdict(adapter, delivery, ctx, verdict, None)
+                except Exception:
+                    log.exception("delivery of %s on %s failed inside mqguard; left "
+                                  "unacknowledged", delivery.message.message_id, ctx.queue)
+                continue
+            ctx.delivered_ts = ts
+            opened.append((len(results), delivery.message, ctx))
+            results.append(ctx)
+        self._write_delivered(opened, ts, results)
+
+    def _write_delivered(self, opened: list[tuple[int, Message, HookContext]], ts: int,
+                         results: list[HookContext | None]) -> None:
+        """The ``delivered`` events of ``opened`` (position in ``results``, message,
+        context) in one append; if that fails they are left unacknowledged (None), as
+        one by one."""
+        if not opened:
+            return
+        try:
+            self.events.emit_many(
+                EventType.DELIVERED, [message for _, message, _ in opened], ts=ts,
+                names=("queue", "native_delivery_count"),
+                values=[(ctx.queue, ctx.native_delivery_count) for _, _, ctx in opened])
+        except Exception:
+            log.exception("delivery of %d messages failed inside mqguard; left unacknowledged",
+                          len(opened))
+            for position, _, _ in opened:
+                results[position] = None
+
+    def finish_deliveries(self, adapter: Adapter,
+                          items: Sequence[tuple[Delivery, HookContext, BaseException | None]]
+                          ) -> None:
+        """:meth:`finish_delivery` for several deliveries (the sidecar: the ACKs and NACKs
+        of one client read), in order, with the same hook calls, acknowledgements, events
+        and store state per message as calling it on each.
+
+        Consecutive successes (``error`` None) are finished together: ``after_deliver``
+        and ``message_acknowledged`` once per plugin that has the batch twin (per message
+        for the others, plugin by plugin: they are observers, and none of them decides
+        anything in between), the acknowledgements in order, the ``acked`` events in one
+        append. A failure is finished on its own, in its place. Never raises.
+        """
+        run: list[tuple[Delivery, HookContext]] = []
+        for delivery, ctx, error in items:
+            if error is None:
+                run.append((delivery, ctx))
+                continue
+            if run:
+                self._finish_handled(adapter, run)
+                run = []
+            self.finish_delivery(adapter, delivery, ctx, error)
+        if run:
+            self._finish_handled(adapter, run)
+
+    def _finish_handled(self, adapter: Adapter, run: list[tuple[Delivery, HookContext]]
+                        ) -> None:
+        if len(run) == 1:
+            self.finish_delivery(adapter, run[0][0], run[0][1], None)
+            return
+        try:
+            self._after_deliver_batch.each([delivery.message for delivery, _ in run],
+                                           [ctx for _, ctx in run], (), (None,))
+            acked: list[tuple[Delivery, HookContext]] = []
+            for delivery, ctx in run:
+                try:
+                    adapter.ack(delivery)
+                except Exception:
+                    log.exception("delivery of %s on %s failed inside mqguard; left "
+                                  "unacknowledged", delivery.message.message_id, ctx.queue)
+                    continue
+                acked.append((delivery, ctx))
+            if not acked:
+                return
+            messages = [delivery.message for delivery, _ in acked]
+            contexts = [ctx for _, ctx in acked]
+            normal = str(AckReason.NORMAL)
+            self.events.emit_many(
+                EventType.ACKED, messages,
+                names=("queue", "ack_reason", "handled", "delivered_ts"),
+                values=[(ctx.queue, normal, True, ctx.delivered_ts) for ctx in contexts])
+            self._acknowledged_batch.each(messages, contexts, (AckReason.NORMAL,),
+                                          (AckReason.NORMAL,))
+        except Exception:
+            log.exception("deliveries of %d messages (%s...) on %s failed inside mqguard",
+                          len(run), run[0][0].message.message_id, run[0][1].queue)
 
     def finish_delivery(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
                         error: BaseException | None, *, handler: Handler | None = None,

@@ -122,19 +122,79 @@ class ConsumerAuditPlugin:
             return None
         return self._on_duplicate(message, ctx, destination)
 
+    @hookimpl(tryfirst=True)
+    def before_deliver_batch(self, messages: list[Message], contexts: list[HookContext]
+                             ) -> dict[int, Verdict] | None:
+        """:meth:`before_deliver` on each message in order, with one store read per
+        destination and producer (``shared``) and the in-flight table locked once.
+
+        Exact because nothing this checks changes while a batch is decided: marks are
+        written after handling (``after_deliver``), the store is only read here, and the
+        guard never puts two copies of one send in one batch."""
+        audited: list[tuple[int, str, str, int]] = []
+        duplicates: dict[int, bool] = {}
+        seen = self.audit.seen
+        for index, (message, ctx) in enumerate(zip(messages, contexts, strict=True)):
+            producer, sequence = message.producer_id, message.sequence
+            if producer is None or sequence is None:
+                continue
+            destination = ctx.queue or message.address
+            audited.append((index, destination, producer, sequence))
+            if seen(destination, producer, sequence):
+                duplicates[index] = True
+        if not audited:
+            return None
+        if self.options.shared:
+            self._seen_in_store(audited, duplicates, contexts[0])
+        with self._lock:
+            for index, destination, producer, sequence in audited:
+                if index not in duplicates and self._hold_locked(
+                        destination, producer, sequence, messages[index].message_id):
+                    duplicates[index] = True
+        verdicts: dict[int, Verdict] = {}
+        for index, destination, _, _ in audited:
+            if index in duplicates:
+                verdict = self._on_duplicate(messages[index], contexts[index], destination)
+                if verdict is not None:
+                    verdicts[index] = verdict
+        return verdicts or None
+
+    def _seen_in_store(self, audited: list[tuple[int, str, str, int]],
+                       duplicates: dict[int, bool], ctx: HookContext) -> None:
+        """The shared marks of the deliveries not marked locally: one read per destination
+        and producer. Unreachable store: the local audit alone decides (as one by one)."""
+        groups: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        for index, destination, producer, sequence in audited:
+            if index not in duplicates:
+                groups.setdefault((destination, producer), []).append((index, sequence))
+        for (destination, producer), entries in groups.items():
+            try:
+                found = ctx.store.audit_seen(destination, producer,
+                                             [sequence for _, sequence in entries])
+            except StoreError as exc:
+                log.warning("shared consumer audit unavailable, local audit only: %s", exc)
+                continue
+            for (index, _), marked in zip(entries, found, strict=True):
+                if marked:
+                    duplicates[index] = True
+
     def _hold(self, destination: str, producer: str, sequence: int, message_id: str) -> bool:
         """Record the delivery as in flight; True when another copy already is."""
+        with self._lock:
+            return self._hold_locked(destination, producer, sequence, message_id)
+
+    def _hold_locked(self, destination: str, producer: str, sequence: int,
+                     message_id: str) -> bool:
         key = (destination, producer, sequence)
         in_flight = self._in_flight
-        with self._lock:
-            holder = in_flight.get(key)
-            if holder is not None:
-                if holder != message_id:
-                    return True
-                del in_flight[key]  # the same copy redelivered: it becomes the newest
-            in_flight[key] = message_id
-            if len(in_flight) > MAX_IN_FLIGHT:
-                del in_flight[next(iter(in_flight))]
+        holder = in_flight.get(key)
+        if holder is not None:
+            if holder != message_id:
+                return True
+            del in_flight[key]  # the same copy redelivered: it becomes the newest
+        in_flight[key] = message_id
+        if len(in_flight) > MAX_IN_FLIGHT:
+            del in_flight[next(iter(in_flight))]
         return False
 
     def _settled(self, message: Message, ctx: HookContext) -> None:
@@ -156,6 +216,12 @@ class ConsumerAuditPlugin:
     def message_acknowledged(self, message: Message, ctx: HookContext,
                              reason: AckReason) -> None:
         self._settled(message, ctx)
+
+    @hookimpl
+    def message_acknowledged_batch(self, messages: list[Message], contexts: list[HookContext],
+                                   reason: AckReason) -> None:
+        for message, ctx in zip(messages, contexts, strict=True):
+            self._settled(message, ctx)
 
     @hookimpl
     def message_nacked(self, message: Message, ctx: HookContext, requeue: bool) -> None:
@@ -181,6 +247,42 @@ class ConsumerAuditPlugin:
                 log.warning("shared consumer audit mark of %s/%s on %s not written (a consumer "
                             "taking over after a crash could handle it again): %s", producer,
                             sequence, destination, exc)
+
+    @hookimpl
+    def after_deliver_batch(self, messages: list[Message], contexts: list[HookContext]) -> None:
+        """:meth:`after_deliver` of successful handlings: marks in order, the in-flight
+        entries released under one lock, the shared marks in one write per destination
+        and producer."""
+        handled: list[tuple[str, str, int, str]] = []
+        mark = self.audit.mark
+        for message, ctx in zip(messages, contexts, strict=True):
+            producer, sequence = message.producer_id, message.sequence
+            if producer is None or sequence is None:
+                continue
+            destination = ctx.queue or message.address
+            mark(destination, producer, sequence)
+            handled.append((destination, producer, sequence, message.message_id))
+        if not handled:
+            return
+        in_flight = self._in_flight
+        with self._lock:  # after the marks: a copy arriving now is seen either way
+            for destination, producer, sequence, message_id in handled:
+                key = (destination, producer, sequence)
+                if in_flight.get(key) == message_id:
+                    del in_flight[key]
+        if self.options.shared:
+            groups: dict[tuple[str, str], list[int]] = {}
+            for destination, producer, sequence, _ in handled:
+                groups.setdefault((destination, producer), []).append(sequence)
+            store = contexts[0].store
+            for (destination, producer), sequences in groups.items():
+                try:
+                    store.audit_mark(destination, producer, sequences, self.options.window,
+                                     self.options.shared_ttl_ms)
+                except StoreError as exc:
+                    log.warning("shared consumer audit marks of %s/%s on %s not written (a "
+                                "consumer taking over after a crash could handle them "
+                                "again): %s", producer, sequences, destination, exc)
 
     def _on_duplicate(self, message: Message, ctx: HookContext,
                       destination: str) -> Verdict | None:

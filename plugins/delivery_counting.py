@@ -141,6 +141,22 @@ class DeliveryCountingPlugin:
         return None
 
     @hookimpl
+    def before_deliver_batch(self, messages: list[Message], contexts: list[HookContext]
+                             ) -> dict[int, Verdict] | None:
+        """:meth:`before_deliver` on each message in order (first deliveries inline)."""
+        verdicts: dict[int, Verdict] = {}
+        headers_key = PRIOR_DELIVERIES_HEADER
+        for index, (message, ctx) in enumerate(zip(messages, contexts, strict=True)):
+            if (not ctx.redelivered and headers_key not in message.headers
+                    and not (ctx.native_delivery_count or 0) > 1):
+                message.delivery_count = 1  # first delivery: nothing to record yet
+                continue
+            verdict = self.before_deliver(message, ctx)
+            if verdict is not None:
+                verdicts[index] = verdict
+        return verdicts or None
+
+    @hookimpl
     def on_handler_failure(self, message: Message, ctx: HookContext,
                            error: BaseException) -> Verdict | None:
         queue = ctx.queue or message.address
@@ -167,6 +183,21 @@ class DeliveryCountingPlugin:
                 or PRIOR_DELIVERIES_HEADER in message.headers):
             # Settled, not cleared: see ``settled_count_grace_ms``.
             ctx.store.delivery_count_settle(ctx.queue or message.address, [message.message_id],
+                                            self.options.settled_count_grace_ms)
+
+    @hookimpl
+    def message_acknowledged_batch(self, messages: list[Message], contexts: list[HookContext],
+                                   reason: AckReason) -> None:
+        """:meth:`message_acknowledged` for each, one store call per queue."""
+        settle: dict[str, list[str]] = {}
+        for message, ctx in zip(messages, contexts, strict=True):
+            if (message.delivery_count > 1 or reason is not AckReason.NORMAL or ctx.redelivered
+                    or PRIOR_DELIVERIES_HEADER in message.headers):
+                settle.setdefault(ctx.queue or message.address, []).append(message.message_id)
+        if settle:
+            store = contexts[0].store
+            for queue, message_ids in settle.items():
+                store.delivery_count_settle(queue, message_ids,
                                             self.options.settled_count_grace_ms)
 
     # -- dead letters --------------------------------------------------------------------

@@ -75,3 +75,11 @@ class ExpiryPlugin:
         if message.expiration and message.is_expired():
             return expiry_verdict(message, ctx.settings, ctx.queue or message.address)
         return None
+
+    @hookimpl(tryfirst=True)
+    def before_deliver_batch(self, messages: list[Message], contexts: list[HookContext]
+                             ) -> dict[int, Verdict] | None:
+        verdicts = {index: expiry_verdict(message, ctx.settings, ctx.queue or message.address)
+                    for index, (message, ctx) in enumerate(zip(messages, contexts, strict=True))
+                    if message.expiration and message.is_expired()}
+        return verdicts or None

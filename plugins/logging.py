@@ -25,6 +25,14 @@ def message_acknowledged(message: Message, ctx: HookContext, reason: AckReason) 
 
 
 @hookimpl
+def message_acknowledged_batch(messages: list[Message], contexts: list[HookContext],
+                               reason: AckReason) -> None:
+    if reason is not AckReason.NORMAL:
+        for message, ctx in zip(messages, contexts, strict=True):
+            message_acknowledged(message, ctx, reason)
+
+
+@hookimpl
 def message_moved(original: Message, copy: Message, ctx: HookContext, reason: str) -> None:
     log.warning("message %s moved from %s to %s as %s: %s", original.message_id,
                 original.address, copy.address, copy.message_id, reason)

@@ -37,7 +37,7 @@ import ssl
 import struct
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -432,7 +432,22 @@ class ProxySession:
                 continue
             assert isinstance(item, Frame)
             counts[item.command].value += 1
-            if item.command != "SEND":
+            if item.command == "ACK" and item.get("transaction") is None:
+                # Consecutive ACKs outside transactions: finished as one batch.
+                run = [item]
+                while index < count:
+                    ahead = items[index]
+                    if (ahead is HEARTBEAT or ahead.command != "ACK"  # type: ignore[attr-defined]
+                            or ahead.get("transaction") is not None):  # type: ignore[attr-defined]
+                        break
+                    index += 1
+                    counts["ACK"].value += 1
+                    run.append(ahead)  # type: ignore[arg-type]
+                if len(run) == 1:
+                    self._on_settle(item)
+                else:
+                    self._on_acks(run)
+            elif item.command != "SEND":
                 self._on_client_frame(item)
             else:
                 fields = _send_fields(item)
@@ -461,13 +476,28 @@ class ProxySession:
         counts = self.metrics.frame_counts("broker")
         try:
             while (items := await source.batch()) is not None:
-                for item in items:
+                count = len(items)
+                index = 0
+                while index < count:
+                    item = items[index]
+                    index += 1
                     if item is HEARTBEAT:
                         if not self._ending:
                             self._write_client_bytes(b"\n")
                         continue
                     assert isinstance(item, Frame)
                     counts[item.command].value += 1
+                    if (item.command == "MESSAGE" and index < count and not self._ending
+                            and getattr(items[index], "command", None) == "MESSAGE"):
+                        # The MESSAGEs of one read are guarded as one batch.
+                        run = [item]
+                        while (index < count
+                               and getattr(items[index], "command", None) == "MESSAGE"):
+                            run.append(items[index])  # type: ignore[arg-type]
+                            index += 1
+                        counts["MESSAGE"].value += len(run) - 1
+                        self._on_messages(run)
+                        continue
                     if self._on_broker_frame(item):
                         self._settle_confirmed()
                         return "broker-error"
@@ -896,6 +926,50 @@ class ProxySession:
                 self.leg.delivered(token)
         self._forward(frame)
 
+    def _on_acks(self, frames: list[Frame]) -> None:
+        """Consecutive ACKs outside transactions (one client read), finished in one
+        :meth:`~mqguard.pipeline.Guard.finish_deliveries` call: the same outcome per
+        delivery as :meth:`_on_settle` on each. An ACK of a delivery the guard does not
+        track is forwarded in its place, after the ones before it were finished; the
+        client's receipts follow in order."""
+        assert self.leg is not None
+        items: list[tuple[Delivery, HookContext, BaseException | None]] = []
+        receipts: list[str | None] = []
+        for frame in frames:
+            token = frame.get("id") if self.version == "1.2" else frame.get("message-id")
+            sub = self._token_sub.get(token or "")
+            if token is None or sub is None:
+                self._finish_acks(items, receipts)
+                items, receipts = [], []
+                self._forward(frame)
+                continue
+            for each in self._covered(sub, token):
+                delivery, ctx = sub.pending.pop(each)
+                self._token_sub.pop(each, None)
+                items.append((delivery, ctx, None))
+            receipts.append(frame.get("receipt"))
+        self._finish_acks(items, receipts)
+
+    def _finish_acks(self, items: list[tuple[Delivery, HookContext, BaseException | None]],
+                     receipts: list[str | None]) -> None:
+        if items:
+            self.guard.finish_deliveries(self.leg, items)  # type: ignore[arg-type]
+        for receipt in receipts:
+            self._chain.local(receipt)
+
+    @staticmethod
+    def _covered(sub: _Subscription, token: str) -> list[str]:
+        """The deliveries an ACK/NACK of ``token`` settles: itself, or in ``client`` mode
+        (cumulative) everything delivered on the subscription up to it."""
+        if sub.mode != "client":
+            return [token]
+        covered = []
+        for pending in sub.pending:
+            covered.append(pending)
+            if pending == token:
+                break
+        return covered
+
     def _on_settle(self, frame: Frame) -> None:
         assert self.leg is not None
         token = frame.get("id") if self.version == "1.2" else frame.get("message-id")
@@ -906,14 +980,7 @@ class ProxySession:
             # the broker has the final word.
             self._forward(frame)
             return
-        covered = [token]
-        if sub.mode == "client":
-            # Cumulative: everything delivered on the subscription up to this one.
-            covered = []
-            for pending in sub.pending:
-                covered.append(pending)
-                if pending == token:
-                    break
+        covered = self._covered(sub, token)
         tx_id = frame.get("transaction")
         transaction = self._transactions.get(tx_id) if tx_id is not None else None
         if tx_id is not None and transaction is None:
@@ -975,6 +1042,60 @@ class ProxySession:
         return False
 
     def _on_message(self, frame: Frame) -> None:
+        prepared = self._guarded_message(frame)
+        if prepared is _RELAY:
+            self._write_client(frame)
+        if not isinstance(prepared, tuple):
+            return
+        delivery, sub = prepared
+        started = time.perf_counter()
+        ctx = self.guard.open_delivery(self.leg, delivery, queue=sub.queue)  # type: ignore[arg-type]
+        self.metrics.deliver_guard.observe(time.perf_counter() - started)
+        self._opened(frame, delivery, sub, ctx)
+
+    def _on_messages(self, frames: list[Frame]) -> None:
+        """The MESSAGEs of one broker read, in order: the guarded ones opened in one
+        :meth:`~mqguard.pipeline.Guard.open_deliveries` call (the same outcome as one by
+        one), then each frame written to the client in the order received. A MESSAGE of
+        an ``auto`` subscription (settled as soon as it is written) is handled on its
+        own, after the ones before it, as one by one."""
+        batch: list[tuple[Frame, tuple[Delivery, _Subscription] | str]] = []
+        for frame in frames:
+            prepared = self._guarded_message(frame)
+            if isinstance(prepared, tuple) and prepared[1].mode == "auto":
+                self._open_batch(batch)
+                batch = []
+                self._open_batch([(frame, prepared)])
+                continue
+            batch.append((frame, prepared))
+        self._open_batch(batch)
+
+    def _open_batch(self, batch: list[tuple[Frame, tuple[Delivery, _Subscription] | str]]
+                    ) -> None:
+        guarded = [prepared for _, prepared in batch if isinstance(prepared, tuple)]
+        opened: Iterator[HookContext | None] = iter(())
+        if len(guarded) == 1:
+            delivery, sub = guarded[0]
+            started = time.perf_counter()
+            opened = iter([self.guard.open_delivery(self.leg, delivery,  # type: ignore[arg-type]
+                                                    queue=sub.queue)])
+            self.metrics.deliver_guard.observe(time.perf_counter() - started)
+        elif guarded:
+            started = time.perf_counter()
+            opened = iter(self.guard.open_deliveries(
+                self.leg, [delivery for delivery, _ in guarded],  # type: ignore[arg-type]
+                [sub.queue for _, sub in guarded]))
+            self.metrics.deliver_guard.observe_many(
+                (time.perf_counter() - started) / len(guarded), len(guarded))
+        for frame, prepared in batch:
+            if isinstance(prepared, tuple):
+                self._opened(frame, prepared[0], prepared[1], next(opened))
+            elif prepared is _RELAY:
+                self._write_client(frame)
+
+    def _guarded_message(self, frame: Frame) -> tuple[Delivery, _Subscription] | str:
+        """The delivery to guard for a MESSAGE and its subscription; or, for a MESSAGE the
+        guard does not see, :data:`_RELAY` (to write as is) or :data:`_DROP`."""
         assert self.leg is not None
         # All headers (first occurrence wins) for the lookups below and the guard.
         # dict() keeps the last occurrence, so it is only taken when no name repeats
@@ -993,16 +1114,14 @@ class ProxySession:
             frame.remove("receipt")
             del headers["receipt"]
         sub = self._subs.get(headers.get("subscription") or "")
-        if sub is None or sub.browse:
-            # Unknown: unsubscribed meanwhile (unacked, so the broker gets it back);
-            # browsing consumes nothing, so there is nothing to guard.
-            if sub is not None:
-                self._write_client(frame)
-            return
+        if sub is None:
+            # Unsubscribed meanwhile: unacked, so the broker gets it back.
+            return _DROP
+        if sub.browse:
+            return _RELAY  # browsing consumes nothing, so there is nothing to guard
         token = headers.get("ack") if self.version == "1.2" else headers.get("message-id")
         if token is None:
-            self._write_client(frame)  # nothing to settle with: relay as is
-            return
+            return _RELAY  # nothing to settle with: relayed as is
         # The message's own headers: the broker's left out in from_wire's one pass.
         message = Message.from_wire(sub.queue, frame.body, headers,
                                     broker_message_id=headers.get("message-id"),
@@ -1012,19 +1131,28 @@ class ProxySession:
                             native_delivery_count=_native_count(self.broker, sub, headers),
                             raw_headers=headers)
         self.leg.delivered(token)
-        started = time.perf_counter()
-        ctx = self.guard.open_delivery(self.leg, delivery, queue=sub.queue)
-        self.metrics.deliver_guard.observe(time.perf_counter() - started)
+        return delivery, sub
+
+    def _opened(self, frame: Frame, delivery: Delivery, sub: _Subscription,
+                ctx: HookContext | None) -> None:
+        """After the guard opened a delivery: hand the frame to the client (unless a
+        verdict took it) and track it until the client settles it."""
         if ctx is None:
             self.metrics.message("deliver", "taken")
             return
         self._delivered_count.value += 1
         self._write_client(frame)
         if sub.mode == "auto":
-            self.guard.finish_delivery(self.leg, delivery, ctx, None)
+            self.guard.finish_delivery(self.leg, delivery, ctx, None)  # type: ignore[arg-type]
             return
+        token = delivery.ack_token
         sub.pending[token] = (delivery, ctx)
         self._token_sub[token] = sub
+
+
+#: What :meth:`ProxySession._guarded_message` says of a MESSAGE the guard does not see.
+_RELAY = "relay"
+_DROP = "drop"
 
 
 def _send_fields(frame: Frame) -> _SendFields:

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from mqguard import hookimpl, hookspecs
+from mqguard.adapter import Delivery
 from mqguard.config import MqguardConfig
 from mqguard.consumer import GuardedConsumer
 from mqguard.context import HookContext
-from mqguard.errors import AdapterError, Nack, TransactionRolledBack
+from mqguard.errors import AdapterError, ConfigError, Nack, TransactionRolledBack
 from mqguard.message import Message
 from mqguard.pipeline import Guard
 from mqguard.plugin_manager import make_plugin_manager
@@ -177,6 +178,94 @@ def test_hook_after_deliver(guard: Guard, adapter: LoopbackAdapter) -> None:
     producer.send("q", b"ok")
     consume(guard, adapter, lambda m: None)
     assert recorder.kwargs("after_deliver")["error"] is None
+
+
+class Twins:
+    """A plugin with the deliver path's per-message hooks and their batch twins."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+
+    @hookimpl
+    def before_deliver(self, message: Message, ctx: HookContext) -> Verdict | None:
+        self.calls.append(("before_deliver", [message.message_id]))
+        return None
+
+    @hookimpl
+    def before_deliver_batch(self, messages: list[Message], contexts: list[HookContext]
+                             ) -> dict[int, Verdict] | None:
+        assert [ctx.queue for ctx in contexts] == ["q"] * len(messages)
+        self.calls.append(("before_deliver_batch", [m.message_id for m in messages]))
+        return {1: Verdict.drop("second")}
+
+    @hookimpl
+    def after_deliver(self, message: Message, ctx: HookContext,
+                      error: BaseException | None) -> None:
+        self.calls.append(("after_deliver", [message.message_id]))
+
+    @hookimpl
+    def after_deliver_batch(self, messages: list[Message], contexts: list[HookContext]) -> None:
+        self.calls.append(("after_deliver_batch", [m.message_id for m in messages]))
+
+    @hookimpl
+    def message_acknowledged(self, message: Message, ctx: HookContext,
+                             reason: AckReason) -> None:
+        self.calls.append(("message_acknowledged", [message.message_id]))
+
+    @hookimpl
+    def message_acknowledged_batch(self, messages: list[Message], contexts: list[HookContext],
+                                   reason: AckReason) -> None:
+        assert reason is AckReason.NORMAL
+        self.calls.append(("message_acknowledged_batch", [m.message_id for m in messages]))
+
+
+def open_three(guard: Guard, adapter: LoopbackAdapter) -> tuple[Twins, list[Delivery],
+                                                                 list[HookContext | None]]:
+    twins = Twins()
+    guard.plugins.register(twins)
+    deliveries = [Delivery(Message("q", b"x", message_id=f"m{n}"), "s", (None, 0))
+                  for n in range(3)]
+    return twins, deliveries, guard.open_deliveries(adapter, deliveries, ["q"] * 3)
+
+
+def test_hook_before_deliver_batch(guard: Guard, adapter: LoopbackAdapter) -> None:
+    twins, _, contexts = open_three(guard, adapter)
+    # One call for the three (the per-message hook is not called), its verdict applied.
+    assert twins.calls[0] == ("before_deliver_batch", ["m0", "m1", "m2"])
+    assert [ctx is not None for ctx in contexts] == [True, False, True]
+    assert [m.message_id for m in adapter.acked] == ["m1"]
+
+
+def test_hook_after_deliver_batch(guard: Guard, adapter: LoopbackAdapter) -> None:
+    twins, deliveries, contexts = open_three(guard, adapter)
+    twins.calls.clear()
+    guard.finish_deliveries(adapter, [(deliveries[0], contexts[0], None),
+                                      (deliveries[2], contexts[2], None)])  # type: ignore[list-item]
+    assert ("after_deliver_batch", ["m0", "m2"]) in twins.calls
+    assert not any(name == "after_deliver" for name, _ in twins.calls)
+
+
+def test_hook_message_acknowledged_batch(guard: Guard, adapter: LoopbackAdapter) -> None:
+    twins, deliveries, contexts = open_three(guard, adapter)
+    twins.calls.clear()
+    guard.finish_deliveries(adapter, [(deliveries[0], contexts[0], None),
+                                      (deliveries[2], contexts[2], None)])  # type: ignore[list-item]
+    assert twins.calls == [("after_deliver_batch", ["m0", "m2"]),
+                           ("message_acknowledged_batch", ["m0", "m2"])]
+    assert [m.message_id for m in adapter.acked] == ["m1", "m0", "m2"]
+
+
+def test_batch_twin_without_its_hook_is_refused(guard: Guard) -> None:
+    class Orphan:
+        @hookimpl
+        def after_deliver_batch(self, messages: list[Message],
+                                contexts: list[HookContext]) -> None:
+            pass
+
+    guard.plugins.register(Orphan())
+    guard._started = False
+    with pytest.raises(ConfigError, match="after_deliver_batch but not after_deliver"):
+        guard.start()
 
 
 def test_hook_on_handler_failure(guard: Guard, adapter: LoopbackAdapter) -> None:
