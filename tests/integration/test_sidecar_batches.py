@@ -198,3 +198,42 @@ def test_a_send_that_cannot_be_forwarded_releases_its_id_and_those_after_it(
     assert not [f for f in got if f.command == "ERROR"]
     assert drain(proxy.port, unique_name, 3) == ["one", "two-again", "after-again"]
     assert event_types(proxy, tmp_path)["send_failed"] == 2
+
+
+@pytest.mark.parametrize("proxy", BROKERS, indirect=True)
+def test_messages_and_acks_of_one_read_are_guarded_as_a_batch(
+        proxy: SidecarThread, tmp_path: Path, unique_name: str) -> None:
+    """Many MESSAGEs per broker read and all their ACKs in one client read: each delivery
+    is handed on, acknowledged and recorded exactly once; a second copy of one send (same
+    producer and sequence, another id) is suppressed while the first is unacknowledged."""
+    count = 40
+    frames = [
+        (f"SEND\ndestination:/queue/{unique_name}\nmqguard-id:m{i}\nmqguard-producer:P\n"
+         f"mqguard-seq:{i}\nreceipt:s{i}\n\nbody-{i}\0").encode() for i in range(count)]
+    frames.append((f"SEND\ndestination:/queue/{unique_name}\nmqguard-id:copy-of-m3\n"
+                   f"mqguard-producer:P\nmqguard-seq:3\nreceipt:s-copy\n\ncopy\0").encode())
+    sender = Wire(proxy.port)
+    sender.sock.sendall(b"".join(frames))
+    sender.until(lambda got: sum(f.command == "RECEIPT" for f in got) == count + 1)
+    sender.close()
+    consumer = Wire(proxy.port)
+    consumer.sock.sendall(
+        f"SUBSCRIBE\nid:c\ndestination:/queue/{unique_name}\nack:client-individual\n"
+        "activemq.prefetchSize:100\nprefetch-count:100\n\n\0".encode())
+    consumer.until(lambda got: sum(f.command == "MESSAGE" for f in got) >= count)
+    consumer.until(lambda got: False, timeout=0.5)  # the copy must not come
+    messages = [f for f in consumer.frames if f.command == "MESSAGE"]
+    assert [m.body.decode() for m in messages] == [f"body-{i}" for i in range(count)]
+    acks = [str(m.get("ack")).replace(":", "\\c") for m in messages]  # STOMP 1.2 escape
+    consumer.sock.sendall(b"".join(f"ACK\nid:{ack}\n\n\0".encode() for ack in acks))
+    consumer.sock.sendall(b"DISCONNECT\nreceipt:bye\n\n\0")
+    consumer.until(lambda got: any(f.get("receipt-id") == "bye" for f in got))
+    consumer.close()
+    assert drain(proxy.port, unique_name, 0) == []  # every ACK reached the broker
+    proxy.sidecar.guard.events.flush()
+    events = list(read_events(tmp_path / "events"))
+    per_type = Counter(e["type"] for e in events)
+    assert per_type["delivered"] == count
+    assert per_type["duplicate_delivery_suppressed"] == 1
+    handled = Counter(e["message_id"] for e in events if e["type"] == "acked" and e["handled"])
+    assert handled == Counter(f"m{i}" for i in range(count))
