@@ -81,8 +81,9 @@ _HEAD_END: Final = re.compile(rb"\n\r?\n")
 
 #: The commonest frames per message, one header and no body: a RECEIPT per sent message
 #: and a STOMP 1.2 ACK (or NACK) per consumed one. Keyed by their first octet; the decoder
-#: takes ``prefix VALUE LF LF NUL`` (VALUE without backslash, CR or NUL) in one search
-#: and gives exactly what the general parse gives (a property test checks it).
+#: takes ``prefix VALUE LF LF NUL`` (VALUE without CR or NUL, and without backslashes but
+#: those of escaped colons, STOMP 1.1+: ActiveMQ's ack ids) in one search and gives exactly
+#: what the general parse gives (a property test checks it).
 _SHORTCUTS: Final[dict[int, tuple[bytes, str, str]]] = {
     ord("R"): (b"RECEIPT\nreceipt-id:", "RECEIPT", "receipt-id"),
     ord("A"): (b"ACK\nid:", "ACK", "id"),
@@ -567,12 +568,19 @@ class FrameDecoder:
                 if (end >= 0 and end + 2 < n and buf[end + 1] == 10 and buf[end + 2] == 0
                         and end + 3 - start <= max_frame and command in self._accepted):
                     raw = buf[value_at:end]
-                    if b"\\" not in raw and b"\r" not in raw and b"\0" not in raw:
+                    slashes = raw.count(b"\\")
+                    # Escaped colons only (ActiveMQ's ack ids: ID\c...), STOMP 1.1+: every
+                    # backslash starts a \c, so one replace is the unescape.
+                    if (b"\r" not in raw and b"\0" not in raw
+                            and (not slashes or (self._version != "1.0"
+                                                 and raw.count(b"\\c") == slashes))):
                         try:
                             value = raw.decode("utf-8")
                         except UnicodeDecodeError:
                             pass
                         else:
+                            if slashes:
+                                value = value.replace("\\c", ":")
                             pos = end + 3
                             append(Frame(command, [(name, value)], b"",
                                          buf[start:pos] if keep_wire else None))

@@ -188,6 +188,21 @@ def test_the_shortcut_takes_plain_receipts_and_acks() -> None:
     assert ack.headers == [("id", "T@@1")] and ack.wire is None
 
 
+def test_the_shortcut_takes_activemq_ack_ids_with_escaped_colons(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    data = b"ACK\nid:ID\\chost-1-2\\c1\\c1\\c7\n\n\0"
+    slow = FrameDecoder(commands=CLIENT_COMMANDS, keep_wire=False)
+    slow._shortcuts = {}
+    general = slow.feed(data)
+
+    def no_general_parse(self: FrameDecoder, raw: bytes) -> None:
+        raise AssertionError("took the general parse")
+
+    monkeypatch.setattr(FrameDecoder, "_parse_head", no_general_parse)
+    shortcut = FrameDecoder(commands=CLIENT_COMMANDS, keep_wire=False).feed(data)
+    assert shortcut == general == [Frame("ACK", [("id", "ID:host-1-2:1:1:7")])]
+
+
 @pytest.mark.parametrize("data", [
     b"RECEIPT\nreceipt-id:a\r\n\n\0",  # CRLF: the CR belongs to the EOL, not the value
     b"RECEIPT\nreceipt-id:a\rb\n\n\0",
