@@ -19,6 +19,7 @@ import glob
 import os
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark import StorageLevel
@@ -145,8 +146,30 @@ def read_schema(fields: Sequence[str] = AUDIT_FIELDS) -> StructType:
                       + [StructField(CORRUPT_COLUMN, StringType())])
 
 
+@dataclass(frozen=True)
+class EventInputs:
+    """What :func:`load_event_inputs` read: every event, and how, for the names pass."""
+
+    #: Every event with the ordering columns (see :func:`load_events`).
+    frame: DataFrame
+    #: The local Parquet files in ``frame`` (segments and converted live tails): their
+    #: names and time range come from pyarrow (:mod:`mqguard.audit.footers`).
+    local_parquet: tuple[str, ...]
+    #: The events of every other file (JSON Spark parses, URLs), without ordering
+    #: columns: the names pass reads these with Spark. None: there are none.
+    others: DataFrame | None
+
+
 def load_events(spark: SparkSession, files: Sequence[str],
                 cache_jsonl_bytes: int = 0, convert_dir: str | None = None) -> DataFrame:
+    """The events of ``files`` (JSONL, gzipped JSONL, Parquet segments) with three
+    ordering columns added (:func:`load_event_inputs`'s ``frame``)."""
+    return load_event_inputs(spark, files, cache_jsonl_bytes, convert_dir).frame
+
+
+def load_event_inputs(spark: SparkSession, files: Sequence[str],
+                      cache_jsonl_bytes: int = 0, convert_dir: str | None = None
+                      ) -> EventInputs:
     """The events of ``files`` (JSONL, gzipped JSONL, Parquet segments) with three
     ordering columns added.
 
@@ -178,9 +201,10 @@ def load_events(spark: SparkSession, files: Sequence[str],
     parquet = [f for f in files if f.endswith(".parquet")] + list(converted.values())
     jsonl = [f for f in files if not f.endswith(".parquet") and f not in converted]
     frames = []
+    parquet_schema = StructType([by_name[n] for n in AUDIT_FIELDS])
     if parquet:
         # Rotated segments the writer converted: the same fields, typed, no bad lines.
-        frames.append(spark.read.schema(StructType([by_name[n] for n in AUDIT_FIELDS]))
+        frames.append(spark.read.schema(parquet_schema)
                       .option("ignoreMissingFiles", "true").parquet(*parquet)
                       .select(*AUDIT_FIELDS,
                               F.lit(None).cast(StringType()).alias(CORRUPT_COLUMN),
@@ -198,6 +222,18 @@ def load_events(spark: SparkSession, files: Sequence[str],
             json_frame = json_frame.persist(StorageLevel.MEMORY_AND_DISK)
             _CACHED.append(json_frame)
         frames.append(json_frame)
+    # The names pass (mqguard/audit/lean.py) reads local Parquet files with pyarrow and
+    # every other file with Spark: the JSON Spark parses, and URLs.
+    local_parquet = tuple(f for f in parquet if not _is_url(f) and os.path.isfile(f))
+    names_frames = [frames[-1].drop("file")] if jsonl else []
+    remote = [f for f in parquet if f not in local_parquet]
+    if remote:
+        names_frames.append(spark.read.schema(parquet_schema)
+                            .option("ignoreMissingFiles", "true").parquet(*remote)
+                            .select(*AUDIT_FIELDS,
+                                    F.lit(None).cast(StringType()).alias(CORRUPT_COLUMN)))
+    others = (names_frames[0] if len(names_frames) == 1
+              else names_frames[0].unionByName(names_frames[1]) if names_frames else None)
     frame = frames[0] if len(frames) == 1 else frames[0].unionAll(frames[1])
     # Each file's rank in the listing, by a broadcast join on its path (one scan per
     # format: a scan per file would compile and warm up code per file). Spark packs
@@ -211,7 +247,8 @@ def load_events(spark: SparkSession, files: Sequence[str],
     frame = frame.join(F.broadcast(ranks), "file", "left")
     frame = frame.select(*[F.coalesce("source", "file").alias("file") if name == "file"
                            else name for name in frame.columns if name != "source"])
-    return frame.select("*", F.monotonically_increasing_id().alias("row"))
+    return EventInputs(frame.select("*", F.monotonically_increasing_id().alias("row")),
+                       local_parquet, others)
 
 
 def _rank_rows(files: Sequence[str], converted: Mapping[str, str] | None = None

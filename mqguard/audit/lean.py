@@ -43,7 +43,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mqguard.audit.checks import COPIED, TERMINAL, UNGUARDED_PREFIXES, CheckOptions, event_rows
-from mqguard.audit.events import valid_event
+from mqguard.audit.events import EventInputs, valid_event
+from mqguard.audit.footers import FileNames, parquet_names
 from mqguard.audit.hashed import _FATE_BITS, FATES, details_of, group_rows
 from mqguard.events import EventType as E
 from mqguard.verdict import AckReason
@@ -126,7 +127,8 @@ def facts(rows: DataFrame) -> DataFrame:
     """One aggregation by (``m``, ``key``) of :func:`narrow`'s rows: the columns of
     :func:`mqguard.audit.hashed.facts` with ``key`` and ``address_h`` hashes, the fate as
     its code (``terminal``: ``ts * 8 + code``), plus ``guarded``, ``collisions`` (true:
-    two ids share the key) and ``legacy``.
+    two ids share the key), ``legacy`` and ``unranked`` (events whose file was not
+    matched to the listing: their writing order would be wrong).
 
     The per-queue scalars (``max_queue_deliveries``, ``any_duplicated``, ``max_late``)
     and ``dead_letters`` / ``expiries`` are taken over the whole message: exact for a
@@ -176,6 +178,7 @@ def facts(rows: DataFrame) -> DataFrame:
         F.count_if((code == F.lit(EXPIRED)) & c("gt").isNotNull()).alias("expiries"),
         F.count_if(code == F.lit(TRANSACTION)).alias("transactions"),
         F.count_if(code == F.lit(ACK_LEGACY)).alias("legacy"),
+        F.count_if(c("file_rank").isNull()).alias("unranked"),
         F.count_if(handling).alias("handlings"),
         # Times, not the (time, file, row) positions of the hash plan: a DECIMAL(38)
         # buffer turns off Spark's fast hash map for the whole aggregation.
@@ -184,7 +187,8 @@ def facts(rows: DataFrame) -> DataFrame:
         F.count_if(c("late_by").isNotNull()).alias("max_late"))
     return per_key.select(
         "key", c("m").alias("is_message"), (~c("ung")).alias("guarded"), "collisions",
-        "legacy", "address_h", "events", "bad", "unsupported", "sent", "first_sent_ts",
+        "legacy", "unranked", "address_h", "events", "bad", "unsupported", "sent",
+        "first_sent_ts",
         "send_failed", "copies", "deliver_path", "delivered",
         F.floor(c("terminal") / F.lit(_FATE_BITS)).cast(LongType()).alias("terminal_ts"),
         (c("terminal") % F.lit(_FATE_BITS)).cast("int").alias("fate_code"),
@@ -210,8 +214,6 @@ class Names:
     addresses: list[tuple[int, str]]
     first_ts: int | None
     last_ts: int | None
-    #: Events whose file's rank was not found (URL inputs: Spark's paths are not ours).
-    unranked: int = 0
 
     def frame(self, spark: SparkSession) -> DataFrame:
         return spark.createDataFrame(self.addresses, NAMES_SCHEMA)
@@ -220,32 +222,46 @@ class Names:
         return dict(self.addresses)
 
 
-def address_names(events: DataFrame) -> Names:
-    """One pass over the address, target and time columns: a few rows."""
+def address_names(inputs: EventInputs) -> Names:
+    """The names and time range of every event of ``inputs``: the local Parquet files'
+    from pyarrow (:mod:`mqguard.audit.footers`: statistics and dictionaries, no scan of
+    the events), the other files' from one Spark pass over their address, target and
+    time columns (a few rows)."""
+    found = parquet_names(inputs.local_parquet)
+    if inputs.others is not None:
+        found.merge(_spark_names(inputs.others))
+    present = sorted(found.names)
+    hashed_names = list(zip(xxhash64_strings(present), present, strict=True))
+    if len({h for h, _ in hashed_names}) != len(hashed_names):
+        raise RuntimeError("two addresses share a 64-bit hash")
+    return Names(hashed_names, found.first_ts, found.last_ts)
+
+
+def _spark_names(events: DataFrame) -> FileNames:
     c = F.col
     readable_ts = F.when(valid_event(), c("ts"))
     pairs = (events.groupBy("address", "target")
-             .agg(F.min(readable_ts).alias("first"), F.max(readable_ts).alias("last"),
-                  F.count_if(c("file_rank").isNull()).alias("unranked")).collect())
-    rows = [{"a": r["address"], "first": r["first"], "last": r["last"]} for r in pairs]
-    rows += [{"a": r["target"], "first": None, "last": None} for r in pairs]
-    present = sorted({r["a"] for r in rows if r["a"] is not None})
-    hashed_names = list(zip(_xxhash64_strings(events.sparkSession, present), present,
-                            strict=True))
-    if len({h for h, _ in hashed_names}) != len(hashed_names):
-        raise RuntimeError("two addresses share a 64-bit hash")
-    firsts = [r["first"] for r in rows if r["first"] is not None]
-    lasts = [r["last"] for r in rows if r["last"] is not None]
-    return Names(hashed_names, min(firsts, default=None), max(lasts, default=None),
-                 sum(r["unranked"] for r in pairs))
+             .agg(F.min(readable_ts).alias("first"), F.max(readable_ts).alias("last"))
+             .collect())
+    found = FileNames({name for r in pairs for name in (r["address"], r["target"])
+                       if name is not None})
+    for r in pairs:
+        found.add_range(r["first"], r["last"])
+    return found
 
 
-def _xxhash64_strings(spark: SparkSession, values: list[str]) -> list[int]:
-    if not values:
-        return []
-    frame = spark.createDataFrame([(v,) for v in values], "s string")
-    got = {r["s"]: int(r["h"]) for r in frame.select("s", F.xxhash64("s").alias("h")).collect()}
-    return [got[v] for v in values]
+def xxhash64_strings(values: list[str]) -> list[int]:
+    """Spark's ``xxhash64`` of each string, computed here: XXH64 of the UTF-8 bytes with
+    Spark's seed 42, as a signed long (tested against Spark). A Spark job for a few
+    names would be the session's first, and a cold JVM took 5-9 s to run it."""
+    import xxhash
+
+    hashed = (xxhash.xxh64_intdigest(value.encode(), seed=_SPARK_XXHASH64_SEED)
+              for value in values)
+    return [h - (1 << 64) if h >= 1 << 63 else h for h in hashed]
+
+
+_SPARK_XXHASH64_SEED = 42
 
 
 def _by_address(values: dict[int, int | None]) -> Column:
@@ -281,7 +297,7 @@ def summarise(facts_frame: DataFrame, names: Names, limits: dict[str, int | None
     message = c("is_message")
     with_fate = message & c("terminal_ts").isNotNull()
     fact_columns = [name for name in facts_frame.columns
-                    if name not in ("key", "is_message", "address_h")]
+                    if name not in ("key", "is_message", "address_h", "unranked")]
     return facts_frame.groupBy(
         "address_h",
         survivor.alias("survivor"),
@@ -303,6 +319,7 @@ def summarise(facts_frame: DataFrame, names: Names, limits: dict[str, int | None
         F.max("last_ts").alias("max_last_ts"),
         F.max(F.when(with_fate, c("first_sent_ts"))).alias("drained_to"),
         F.sum("legacy").alias("sum_legacy"),
+        F.sum("unranked").alias("sum_unranked"),
         F.count_if("collisions").alias("sum_collisions"),
         # A survivor's group is its one message: max() is its value.
         *[F.max(F.when(survivor, c(name))).alias(name) for name in fact_columns],
@@ -311,7 +328,7 @@ def summarise(facts_frame: DataFrame, names: Names, limits: dict[str, int | None
 
 def stats_of(summary: DataFrame, names: Names) -> list[dict[str, object]]:
     """The per-address figures of :func:`mqguard.audit.checks.address_stats` (plus
-    ``legacy`` and ``collisions``) from :func:`summarise`'s rows."""
+    ``legacy``, ``unranked`` and ``collisions``) from :func:`summarise`'s rows."""
     rows = summary.groupBy("address_h").agg(
         F.sum("messages").alias("messages"), F.sum("sum_events").alias("events"),
         F.sum("sum_bad").alias("bad"), F.sum("sum_unsupported").alias("unsupported"),
@@ -319,6 +336,7 @@ def stats_of(summary: DataFrame, names: Names) -> list[dict[str, object]]:
         F.sum("sum_deliveries").alias("deliveries"), F.sum("with_fate").alias("with_fate"),
         F.min("min_first_ts").alias("first_ts"), F.max("max_last_ts").alias("last_ts"),
         F.max("drained_to").alias("drained_to"), F.sum("sum_legacy").alias("legacy"),
+        F.sum("sum_unranked").alias("unranked"),
         F.sum("sum_collisions").alias("collisions")).collect()
     by_hash = names.by_hash()
     stats = []

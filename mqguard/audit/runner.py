@@ -27,7 +27,7 @@ from mqguard.audit.checks import (
     message_facts,
 )
 from mqguard.audit.cross_checks import CROSS_CLASSES, CrossChecks, CrossInputs, prepare
-from mqguard.audit.events import expand_inputs, load_events, uncache
+from mqguard.audit.events import expand_inputs, load_event_inputs, uncache
 from mqguard.audit.limits import resolve_limits
 from mqguard.audit.summary import (
     build_summary,
@@ -102,18 +102,15 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     # three passes below (at most a few segments' worth: max-bytes per node).
     converted = tempfile.mkdtemp(prefix=".live-jsonl-", dir=options.out)
     try:
-        events = load_events(spark, files, cache_jsonl_bytes=JSONL_CACHE_BYTES,
-                             convert_dir=converted)
+        inputs = load_event_inputs(spark, files, cache_jsonl_bytes=JSONL_CACHE_BYTES,
+                                   convert_dir=converted)
+        events = inputs.frame
         # The lean plan (mqguard/audit/lean.py): a pass for the names and time range,
         # one pass on 64-bit keys for everything else, a filtered read for the few
         # messages that may be findings. Logs written before acked said whether it ended
         # a handling go by writing order (one sort); a 64-bit key collision by the
         # string-keyed hash plan (mqguard/audit/hashed.py).
-        names = lean.address_names(events)
-        if names.unranked and not any("://" in f for f in files):
-            # Local files are ranked by path; a miss would order segments wrongly, silently.
-            raise RuntimeError(f"{names.unranked} events of files not matched to the listing "
-                               "(Spark spelled their paths in an unknown way)")
+        names = lean.address_names(inputs)
         if options.watermark is not None:
             watermark, source = options.watermark, "given"
         elif names.last_ts is not None:
@@ -137,6 +134,11 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     try:
         stats = lean.stats_of(summary_rows, names)
         legacy = sum(s.pop("legacy") or 0 for s in stats)
+        unranked = sum(s.pop("unranked") or 0 for s in stats)
+        if unranked and not any("://" in f for f in files):
+            # Local files are ranked by path; a miss would order segments wrongly, silently.
+            raise RuntimeError(f"{unranked} events of files not matched to the listing "
+                               "(Spark spelled their paths in an unknown way)")
         collisions = sum(s.pop("collisions") or 0 for s in stats)
         plan = "lean"
         if legacy or collisions:
