@@ -49,7 +49,8 @@ BROKERS = ("activemq", "rabbitmq")
 @click.option("--latency-samples", type=click.IntRange(10, 1_000_000), default=2000,
               show_default=True, help="Request/response round trips per round and path.")
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=500, show_default=True,
-              help="Untimed messages sent and consumed on both paths before the first round.")
+              help="Untimed messages sent and consumed on both paths before the first round "
+                   "(0 also skips the untimed exchanges before the first latency round).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str | None,
