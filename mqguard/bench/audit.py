@@ -13,7 +13,11 @@ Method, in one run:
    (retries, proper dead letters and expiries, suppressed duplicates).
 2. ``spark_s``: a fresh local SparkSession (``spark_start_s``) and exactly what
    ``mqguard audit`` runs (:func:`mqguard.audit.runner.run_audit`: findings
-   written as Parquet, summary; the HTML report too unless ``--no-html``).
+   written as Parquet, summary; the HTML report too unless ``--no-html``). The
+   session starts from the JVM class-data archive as ``mqguard audit`` does once
+   ``mqguard audit --prepare`` made it (:mod:`mqguard.audit.class_archive`); the
+   bench makes it first when missing, untimed (``class_archive``: created, reused
+   or off; ``class_archive_s``: the making).
 3. ``duckdb_s``: the same checks on the same files in DuckDB
    (:mod:`mqguard.bench.audit_duckdb`), findings written as Parquet.
 4. ``found`` / ``false_positives``: Spark's findings joined with the planted
@@ -62,17 +66,31 @@ def _score(con: Any, table: str) -> tuple[int, int, dict[str, int]]:
     return int(sum(found.values())), int(false), {k: int(v) for k, v in found.items()}
 
 
+def _class_archive(wanted: bool, progress: Callable[[str], None]
+                   ) -> tuple[str, float | None]:
+    """("off" | "reused" | "created", seconds the making took) -- made before the
+    timed part: once per machine, JDK and PySpark version, like an install step."""
+    from mqguard.audit import class_archive
+
+    if not wanted or not class_archive.enabled():
+        return "off", None
+    if class_archive.java_options() is not None:
+        return "reused", None
+    progress("making the JVM class-data archive (once per machine; not timed)")
+    return "created", round(class_archive.create(), 3)
+
+
 def run(events: int, *, workdir: str | None = None, keep: bool = False,
         master: str = "local[*]", driver_memory: str = "4g",
         shuffle_partitions: int | None = None, conf: Mapping[str, str] | None = None,
-        html: bool = True, segment_bytes: int = SEGMENT_BYTES,
+        html: bool = True, segment_bytes: int = SEGMENT_BYTES, class_archive: bool = True,
         progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
     """Generate, audit with Spark and DuckDB, score; the figures (see module doc)."""
     import duckdb
     from pyspark import SparkContext
 
     from mqguard.audit.runner import AuditOptions, run_audit
-    from mqguard.audit.session import build_session
+    from mqguard.audit.session import build_session, is_local
     from mqguard.bench.audit_duckdb import run_checks
 
     root = tempfile.mkdtemp(prefix="mqguard-bench-audit-", dir=workdir)
@@ -87,13 +105,16 @@ def run(events: int, *, workdir: str | None = None, keep: bool = False,
         generate_s = time.perf_counter() - started
         jsonl_bytes = sum(os.path.getsize(f) for f in data.files if f.endswith(".jsonl"))
 
-        progress("Spark: starting a local session")
         # A session already running in this process (a test's) is used, not stopped.
         reused = SparkContext._active_spark_context is not None
+        archive_state, archive_s = _class_archive(class_archive and not reused
+                                                  and is_local(master), progress)
+        progress("Spark: starting a local session")
         started = time.perf_counter()
         spark = build_session(master, shuffle_partitions=shuffle_partitions,
                               driver_memory=driver_memory, conf=conf,
-                              log_path=os.path.join(root, "spark.log"))
+                              log_path=os.path.join(root, "spark.log"),
+                              class_archive=class_archive)
         spark_start_s = time.perf_counter() - started
         try:
             progress("Spark: auditing")
@@ -152,6 +173,8 @@ def run(events: int, *, workdir: str | None = None, keep: bool = False,
         "plan": result.summary.get("plan"),
         "html": html,
         "spark_session_reused": reused,
+        "class_archive": archive_state,
+        "class_archive_s": archive_s,
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "workdir": root if keep else None,

@@ -61,6 +61,23 @@ def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
     return conf
 
 
+def _prepare_class_archive(quiet: bool) -> None:
+    try:
+        from mqguard.audit import class_archive
+    except ImportError as exc:
+        raise AuditFailed(f"mqguard audit needs PySpark ({exc}): "
+                          "pip install 'mqguard[spark]'") from None
+    if not quiet:
+        click.echo(f"making {class_archive.archive_path()} (a small audit in a JVM that "
+                   "archives its classes at exit)", err=True)
+    try:
+        seconds = class_archive.create()
+    except RuntimeError as exc:
+        raise AuditFailed(str(exc)) from None
+    if not quiet:
+        click.echo(f"done in {seconds:.1f} s; local audits now start from it", err=True)
+
+
 @click.command()
 @click.argument("inputs", nargs=-1, metavar="[INPUT]...")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
@@ -111,6 +128,13 @@ def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Any Spark setting (repeatable).")
 @click.option("--no-html", is_flag=True,
               help="Do not write OUT/report.html (the offline HTML report with charts).")
+@click.option("--class-archive/--no-class-archive", default=True, show_default=True,
+              help="Start a local session from the JVM class-data archive when one was "
+                   "made (--prepare): seconds off the start.")
+@click.option("--prepare", is_flag=True,
+              help="Make the JVM class-data archive local sessions start from (once per "
+                   "machine, JDK and PySpark version: ~150 MB in ~/.cache/mqguard, "
+                   "$MQGUARD_CACHE_DIR; 1-2 min) and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON to stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status tells.")
 def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark: int | None,
@@ -118,7 +142,8 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
           expiry_tolerance_ms: int, examples: int, redis_url: str | None,
           redis_namespace: str, broker_logs: tuple[str, ...], tolerance_ms: int, master: str,
           shuffle_partitions: int | None, driver_memory: str, spark_conf: tuple[str, ...],
-          no_html: bool, as_json: bool, quiet: bool) -> None:
+          no_html: bool, class_archive: bool, prepare: bool, as_json: bool,
+          quiet: bool) -> None:
     """Audit event logs: was anything lost, duplicated, over-delivered or late?
 
     INPUT: event-log directories, files (.jsonl, rotated .parquet or .jsonl.gz) or globs;
@@ -137,6 +162,9 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
     """
     if as_json and quiet:
         raise click.UsageError("--json and --quiet exclude each other")
+    if prepare:
+        _prepare_class_archive(quiet)
+        return
     conf = _spark_conf(spark_conf)
     try:
         from pyspark import SparkContext
@@ -181,7 +209,8 @@ def audit(inputs: tuple[str, ...], config_path: str | None, out: str, watermark:
     try:
         with terminal_progress(not (quiet or as_json), sys.stderr.isatty()) as progress:
             spark = build_session(master, shuffle_partitions=shuffle_partitions,
-                                  driver_memory=driver_memory, conf=conf, log_path=log_path)
+                                  driver_memory=driver_memory, conf=conf, log_path=log_path,
+                                  class_archive=class_archive)
             progress.watch(spark)
             result = run_audit(spark, options, progress)
     except AuditInputError as exc:

@@ -32,11 +32,15 @@ from mqguard.bench.report import environment, print_table, write_json
               help="Rotate each node's log to a Parquet segment every this many bytes of "
                    "JSONL, as the event log writer does (its max-bytes default); the rest "
                    "stays in the live JSONL file. 0: one JSONL file per node.")
+@click.option("--class-archive/--no-class-archive", default=True, show_default=True,
+              help="Start the local session from the JVM class-data archive (mqguard audit "
+                   "--prepare), making it first when missing; the making is reported "
+                   "(class_archive_s), not counted in spark_s.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def audit(events: int, workdir: str | None, keep: bool, master: str, driver_memory: str,
           shuffle_partitions: int | None, spark_conf: tuple[str, ...], no_html: bool,
-          segment_bytes: int, json_path: str | None) -> None:
+          segment_bytes: int, class_archive: bool, json_path: str | None) -> None:
     """N synthetic events with every finding class planted: Spark audit time, DuckDB
     time for the same checks, planted vs found. Exits 1 when a planted finding is
     missed or a false one is reported."""
@@ -52,13 +56,13 @@ def audit(events: int, workdir: str | None, keep: bool, master: str, driver_memo
     result = run(events, workdir=workdir, keep=keep, master=master,
                  driver_memory=driver_memory, shuffle_partitions=shuffle_partitions,
                  conf=_spark_conf(spark_conf), html=not no_html, segment_bytes=segment_bytes,
-                 progress=lambda text: click.echo(text, err=True))
+                 class_archive=class_archive, progress=lambda text: click.echo(text, err=True))
     goals, met = result["goals"], result["met"]
     rows = [{"figure": key, "value": result[key], "goal": goals.get(key, ""),
              "met": met.get(key, "")}
             for key in ("events", "spark_s", "spark_start_s", "duckdb_s", "ratio", "planted",
                         "found", "false_positives", "duckdb_found", "duckdb_false_positives",
-                        "generate_s")]
+                        "generate_s", "class_archive", "class_archive_s")]
     print_table("mqguard bench audit", rows, ["figure", "value", "goal", "met"])
     click.echo(f"load average before {result['load_average_before']}, "
                f"after {result['load_average_after']}", err=True)
@@ -67,7 +71,8 @@ def audit(events: int, workdir: str | None, keep: bool, master: str, driver_memo
                                           "driver_memory": driver_memory,
                                           "shuffle_partitions": shuffle_partitions,
                                           "conf": list(spark_conf),
-                                          "segment_bytes": segment_bytes},
+                                          "segment_bytes": segment_bytes,
+                                          "class_archive": class_archive},
                            **result})
     if not (met["found"] and met["false_positives"]):
         raise click.ClickException(
