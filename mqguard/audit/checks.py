@@ -315,24 +315,32 @@ def _finding(name: str, detail: Column, *, ts: Column, queue: Column | None = No
     )
 
 
-def may_be_finding(guarded: Column, mark: Column, limit: Column) -> Column:
+def may_be_finding(guarded: str, mark: str, limit: str) -> Column:
     """A necessary condition of every class on a message's facts (the pre-filter):
-    true for every message :func:`classify` reports, and for few others."""
-    c = F.col
-    accepted = c("sent") > 0
-    seen = c("deliver_path") > 0
-    origin_known = accepted | (c("send_failed") > 0) | (c("copies") > 0)
-    judged_send = guarded & accepted & (c("first_sent_ts") <= mark) & c("terminal_ts").isNull()
-    return (judged_send
-            | (guarded & ~origin_known & seen)
-            | (guarded & ~accepted & (c("send_failed") > 0))
-            | (~guarded & seen)
-            | c("dead_letter_count").isNotNull()
-            | (c("dead_letters") > 0) | (c("expiries") > 0)
-            | F.coalesce(c("any_duplicated"), F.lit(False))
-            | F.coalesce(c("max_late") > 0, F.lit(False))
-            | F.coalesce(limit.isNotNull() & (c("max_queue_deliveries") > limit),
-                         F.lit(False)))
+    true for every message :func:`classify` reports, and for few others. The
+    arguments are SQL (:func:`may_be_finding_sql`)."""
+    return F.expr(may_be_finding_sql(guarded, mark, limit))
+
+
+def may_be_finding_sql(guarded: str, mark: str, limit: str) -> str:
+    """:func:`may_be_finding` as SQL text: ``guarded`` (whether the id was assigned by a
+    guard), ``mark`` (the watermark) and ``limit`` (max delivery attempts) are SQL too."""
+    guarded, mark, limit = f"({guarded})", f"({mark})", f"({limit})"
+    accepted = "sent > 0"
+    seen = "deliver_path > 0"
+    origin_known = f"({accepted} OR send_failed > 0 OR copies > 0)"
+    return "(" + " OR ".join([
+        f"({guarded} AND {accepted} AND first_sent_ts <= {mark} AND terminal_ts IS NULL)",
+        f"({guarded} AND NOT {origin_known} AND {seen})",
+        f"({guarded} AND NOT ({accepted}) AND send_failed > 0)",
+        f"(NOT {guarded} AND {seen})",
+        "dead_letter_count IS NOT NULL",
+        "dead_letters > 0",
+        "expiries > 0",
+        "coalesce(any_duplicated, false)",
+        "coalesce(max_late > 0, false)",
+        f"coalesce({limit} IS NOT NULL AND max_queue_deliveries > {limit}, false)",
+    ]) + ")"
 
 
 def classify(facts: DataFrame, context: DataFrame, watermark: int,
@@ -380,7 +388,10 @@ def classify(facts: DataFrame, context: DataFrame, watermark: int,
     # every class (plain columns, compiled) spares them the finding structs and the
     # higher-order functions over ``queues`` below, which are evaluated row by row.
     # At 10 million events that building was 20 of the audit's 217 CPU seconds.
-    joined = joined.filter(may_be_finding(guarded, mark, limit))
+    guarded_sql = "guarded" if "guarded" in facts.columns else "NOT (" + " OR ".join(
+        f"startswith(key, '{prefix}')" for prefix in UNGUARDED_PREFIXES) + ")"
+    joined = joined.filter(may_be_finding(guarded_sql, f"CAST({int(watermark)} AS BIGINT)",
+                                          "max_delivery_attempts"))
     if details is not None:
         joined = joined.join(details(joined.select("key")), "key", "left")
 
