@@ -170,6 +170,8 @@ class BatchCall:
         self._per_message = False
 
     def _current(self) -> tuple[_Step, ...]:
+        # The generation check is HotCall._current's, inlined in both: it runs on every
+        # hook call, where a shared helper's extra call costs more than it saves.
         manager = self._manager
         if manager is not None:
             generation: int = manager.generation  # type: ignore[attr-defined]

@@ -614,19 +614,7 @@ class Guard:
         """
         message = delivery.message
         try:
-            if not message.message_id:
-                message.message_id = self._fallback_message_id(delivery, adapter)
-            if message.delivery_count == 0:
-                # Best the broker can tell; the delivery-counting plugin makes it exact.
-                native = delivery.native_delivery_count
-                message.delivery_count = native if native else (2 if delivery.redelivered
-                                                                else 1)
-            # Built directly (not through context()): once per delivery.
-            address = message.address
-            ctx = HookContext(self, address, self.settings.resolve(address),
-                              adapter.capabilities, "consumer", queue, None, adapter.broker,
-                              delivery.raw_headers, delivery.native_delivery_count,
-                              delivery.redelivered)
+            ctx = self._delivery_context(adapter, delivery, queue)
             verdict = self._before_deliver.first(message, ctx)
             if verdict is not None and verdict.action is not Action.CONTINUE:
                 self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
@@ -645,6 +633,22 @@ class Guard:
             log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
                           message.message_id, queue)
             return None
+
+    def _delivery_context(self, adapter: Adapter, delivery: Delivery, queue: str
+                          ) -> HookContext:
+        """A delivery's hook context, with the message id and delivery count its hooks
+        see filled in. Built directly (not through context()): once per delivery."""
+        message = delivery.message
+        if not message.message_id:
+            message.message_id = self._fallback_message_id(delivery, adapter)
+        if message.delivery_count == 0:
+            # Best the broker can tell; the delivery-counting plugin makes it exact.
+            native = delivery.native_delivery_count
+            message.delivery_count = native if native else (2 if delivery.redelivered else 1)
+        address = message.address
+        return HookContext(self, address, self.settings.resolve(address), adapter.capabilities,
+                           "consumer", queue, None, adapter.broker, delivery.raw_headers,
+                           delivery.native_delivery_count, delivery.redelivered)
 
     def open_deliveries(self, adapter: Adapter, deliveries: Sequence[Delivery],
                         queues: Sequence[str]) -> list[HookContext | None]:
@@ -677,21 +681,10 @@ class Guard:
         chunk: list[tuple[Delivery, HookContext]] = []
         ids: set[str] = set()
         sends: set[tuple[str, int]] = set()
-        resolve = self.settings.resolve
-        capabilities, broker = adapter.capabilities, adapter.broker
         for delivery, queue in zip(deliveries, queues, strict=True):
             message = delivery.message
             try:
-                if not message.message_id:
-                    message.message_id = self._fallback_message_id(delivery, adapter)
-                if message.delivery_count == 0:
-                    native = delivery.native_delivery_count
-                    message.delivery_count = native if native else (2 if delivery.redelivered
-                                                                    else 1)
-                ctx = HookContext(self, message.address, resolve(message.address),
-                                  capabilities, "consumer", queue, None, broker,
-                                  delivery.raw_headers, delivery.native_delivery_count,
-                                  delivery.redelivered)
+                ctx = self._delivery_context(adapter, delivery, queue)
             except Exception:
                 log.exception("delivery of %s on %s failed inside mqguard; left unacknowledged",
                               message.message_id, queue)
