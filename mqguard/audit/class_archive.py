@@ -145,7 +145,8 @@ def _archive_run(archive: str, work: str) -> None:
     spark = build_session(conf={"spark.driver.extraJavaOptions":
                                 f"-XX:ArchiveClassesAtExit={archive}"},
                           log_path=os.path.join(work, "spark.log"), class_archive=False)
-    run_audit(spark, AuditOptions(inputs=[events], out=os.path.join(work, "out")))
+    # No HTML report: it is Python's work (matplotlib), no JVM class of its own.
+    run_audit(spark, AuditOptions(inputs=[events], out=os.path.join(work, "out"), html=False))
     spark.stop()
     gateway = SparkContext._gateway
     if gateway is None:
