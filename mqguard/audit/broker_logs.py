@@ -60,6 +60,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mqguard.audit.checks import FINDINGS_SCHEMA, FindingClass
 from mqguard.audit.events import AuditInputError
+from mqguard.audit.inline import local_frame
 from mqguard.events import EventType as E
 
 BROKER_CLASSES: tuple[FindingClass, ...] = (
@@ -357,7 +358,7 @@ def redelivery_findings(spark: SparkSession, events: DataFrame, logs: BrokerLogs
     info: dict[str, Any] = {"judged_by": sorted(capable)}
     if not covered:
         info["redeliveries_judged"] = 0
-        return spark.createDataFrame([], FINDINGS_SCHEMA), info
+        return local_frame(spark, [], FINDINGS_SCHEMA), info
     start = min(f["first_ts"] for f in covered)
     stop = max(f["last_ts"] for f in covered)
     tol = F.lit(tolerance_ms)

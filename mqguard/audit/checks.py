@@ -66,6 +66,7 @@ from pyspark.sql.types import (
 )
 
 from mqguard.audit.events import CORRUPT_COLUMN, valid_event
+from mqguard.audit.inline import local_frame
 from mqguard.audit.limits import AddressLimits
 from mqguard.events import EventType as E
 from mqguard.verdict import AckReason
@@ -286,7 +287,7 @@ def context_frame(spark: SparkSession, limits: Iterable[AddressLimits],
     """Per-address limits and drain evidence as a small DataFrame (broadcast-joined)."""
     rows = [(x.address, x.max_delivery_attempts, x.dead_letter_target, x.expiry_target,
              x.expiry_enforced, drained_to.get(x.address)) for x in limits]
-    return spark.createDataFrame(rows, CONTEXT_SCHEMA)
+    return local_frame(spark, rows, CONTEXT_SCHEMA)
 
 
 FINDINGS_SCHEMA = StructType([

@@ -27,12 +27,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
+    IntegerType,
     LongType,
     StringType,
     StructField,
     StructType,
 )
 
+from mqguard.audit.inline import local_frame
 from mqguard.errors import MqguardError
 from mqguard.events import SCHEMA_VERSION
 
@@ -242,13 +244,17 @@ def load_event_inputs(spark: SparkSession, files: Sequence[str],
     # ack at the start of the next); (file_rank, row) is.
     # A converted file takes its source's rank and name (the writing-order plan sorts
     # by file name within a node).
-    ranks = spark.createDataFrame(_rank_rows(files, converted),
-                                  "file string, file_rank int, source string")
+    ranks = local_frame(spark, _rank_rows(files, converted), _RANKS_SCHEMA)
     frame = frame.join(F.broadcast(ranks), "file", "left")
     frame = frame.select(*[F.coalesce("source", "file").alias("file") if name == "file"
                            else name for name in frame.columns if name != "source"])
     return EventInputs(frame.select("*", F.monotonically_increasing_id().alias("row")),
                        local_parquet, others)
+
+
+_RANKS_SCHEMA = StructType([StructField("file", StringType()),
+                            StructField("file_rank", IntegerType()),
+                            StructField("source", StringType())])
 
 
 def _rank_rows(files: Sequence[str], converted: Mapping[str, str] | None = None

@@ -47,6 +47,7 @@ from mqguard.audit.checks import (
     CheckOptions,
     event_rows,
 )
+from mqguard.audit.inline import local_frame
 from mqguard.events import EventType as E
 from mqguard.verdict import AckReason
 
@@ -199,7 +200,7 @@ def facts(spark: SparkSession, grouped: DataFrame, dictionary: AddressDictionary
         F.max(F.when(queue_row, c("duplicated"))).alias("any_duplicated"),
         F.max(F.when(queue_row, c("late"))).alias("max_late"),
     )
-    names = spark.createDataFrame(dictionary.addresses, DICTIONARY_SCHEMA)
+    names = local_frame(spark, dictionary.addresses, DICTIONARY_SCHEMA)
     fates = F.array(*[F.lit(name) for name in FATES])
     return per_key.join(F.broadcast(names), "address_h", "left").select(
         "key", "is_message", "address", "events", "bad", "unsupported", "sent",

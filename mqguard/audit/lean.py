@@ -46,6 +46,7 @@ from mqguard.audit.checks import COPIED, TERMINAL, UNGUARDED_PREFIXES, CheckOpti
 from mqguard.audit.events import EventInputs, valid_event
 from mqguard.audit.footers import FileNames, parquet_names
 from mqguard.audit.hashed import _FATE_BITS, FATES, details_of, group_rows
+from mqguard.audit.inline import local_frame, sql_string
 from mqguard.events import EventType as E
 from mqguard.verdict import AckReason
 
@@ -63,11 +64,6 @@ _DELIVER_PATH = (DELIVERED, HANDLER_FAILED, *_ACKS, NACKED, DELIVERY_DROPPED,
 _TERMINAL_CODES = {str(E.ACKED): _ACKS, str(E.DEAD_LETTERED): (DEAD_LETTERED,),
                    str(E.EXPIRED): (EXPIRED,), str(E.DELIVERY_DROPPED): (DELIVERY_DROPPED,)}
 assert set(_TERMINAL_CODES) == {str(t) for t in TERMINAL}
-
-
-def sql_string(value: str) -> str:
-    """``value`` as a Spark SQL string literal."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _in(*codes: int) -> str:
@@ -208,7 +204,7 @@ class Names:
     last_ts: int | None
 
     def frame(self, spark: SparkSession) -> DataFrame:
-        return spark.createDataFrame(self.addresses, NAMES_SCHEMA)
+        return local_frame(spark, self.addresses, NAMES_SCHEMA)
 
     def by_hash(self) -> dict[int, str]:
         return dict(self.addresses)

@@ -52,6 +52,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from mqguard.audit.checks import FINDINGS_SCHEMA, UNGUARDED_PREFIXES, FindingClass
 from mqguard.audit.events import CORRUPT_COLUMN, read_schema, valid_event
+from mqguard.audit.inline import local_frame
 from mqguard.audit.limits import resolve_limits
 from mqguard.audit.redis_state import RedisState
 from mqguard.config import MqguardConfig
@@ -141,7 +142,7 @@ def _capacities(spark: SparkSession, events: DataFrame, state: RedisState,
     repository = config.address_settings_repository()
     enabled = "duplicate_detection" not in config.core.disabled_plugins
     rows = [(a, repository.resolve(a).id_cache_size if enabled else 0) for a in addresses]
-    configured = spark.createDataFrame(rows, _CAPACITY_SCHEMA)
+    configured = local_frame(spark, rows, _CAPACITY_SCHEMA)
     rings = state.rings.select("address", F.col("capacity").alias("redis_capacity"),
                                F.lit(True).alias("in_redis"))
     joined = configured.join(rings, "address", "left")
@@ -277,7 +278,7 @@ def count_findings(spark: SparkSession, events: DataFrame, state: RedisState,
     """``count_over_max``, ``count_behind`` and ``count_stale`` findings."""
     c = F.col
     if "delivery_counting" in config.core.disabled_plugins:
-        return spark.createDataFrame([], FINDINGS_SCHEMA)
+        return local_frame(spark, [], FINDINGS_SCHEMA)
     on_queue = events.filter(c("message_id").isNotNull() & c("queue").isNotNull())
     facts = on_queue.groupBy("queue", "message_id").agg(
         F.first(c("address"), ignorenulls=True).alias("address"),
@@ -288,7 +289,8 @@ def count_findings(spark: SparkSession, events: DataFrame, state: RedisState,
         F.max("ts").alias("last_ts"))
     queues = on_queue.select("queue", "address").filter(c("address").isNotNull()).distinct()
     address_rows = [r["address"] for r in queues.select("address").distinct().collect()]
-    limits = spark.createDataFrame(
+    limits = local_frame(
+        spark,
         [(x.address, x.max_delivery_attempts, x.dead_letter_target) for x in resolve_limits(
             config, address_rows, max_delivery_attempts=options.max_delivery_attempts)],
         _LIMIT_SCHEMA)
@@ -336,7 +338,7 @@ def untraced_findings(spark: SparkSession, events: DataFrame,
     targets = sorted({x.dead_letter_target for x in resolve_limits(config, senders)
                       if x.dead_letter_target})
     if not targets:
-        return spark.createDataFrame([], FINDINGS_SCHEMA)
+        return local_frame(spark, [], FINDINGS_SCHEMA)
     copies = (events.filter(_is(E.MOVED) & c("new_message_id").isNotNull())
               .select(c("new_message_id").alias("message_id")).distinct())
     guarded = ~(c("message_id").startswith(UNGUARDED_PREFIXES[0])

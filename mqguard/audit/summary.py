@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from mqguard.audit.checks import CLASSES, FINDINGS_SCHEMA, FindingClass
+from mqguard.audit.inline import local_frame
 
 SUMMARY_VERSION = 1
 FINDINGS_DIR = "findings"
@@ -35,7 +36,7 @@ def write_findings(findings: DataFrame, out: str) -> str:
 def read_findings(spark: SparkSession, path: str) -> DataFrame:
     """The findings written by :func:`write_findings` (empty when there were none)."""
     if not any(name.startswith("class=") for name in os.listdir(path)):
-        return spark.createDataFrame([], FINDINGS_SCHEMA)
+        return local_frame(spark, [], FINDINGS_SCHEMA)
     return spark.read.parquet(path)
 
 
