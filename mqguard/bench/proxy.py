@@ -47,16 +47,16 @@ untimed: a freshly started broker's JIT compiler was still busy with the exchang
 paths during the first two latency rounds, and the goal is about the steady state.
 Every round uses fresh unique queue names and leaves its queues empty.
 
-Where the sidecar runs: ``thread`` (the default) hosts it in the benchmark's own
-process (:class:`~mqguard.sidecar.server.SidecarThread`), so it shares the GIL with
-the stomp.py client's threads; ``process`` runs ``mqguard sidecar`` as a separate
-process, as it is deployed. On a machine with few cores both compete with the broker
-for CPU either way: read the figures with ``environment.cpus`` and the load averages
-recorded before and after the run in mind (a shared machine's other work shows up in
-the tail latencies first). ``sidecar_cpu_us`` is the sidecar's own CPU time per
-proxied message (send, consume) or exchange (latency), from ``/proc`` (Linux): it
-depends far less on what else the machine runs than rates and percentiles do, so it
-is the figure to compare when optimising the sidecar.
+Where the sidecar runs: ``process`` (the default) runs ``mqguard sidecar`` as a separate
+process, as it is deployed; ``thread`` hosts it in the benchmark's own process
+(:class:`~mqguard.sidecar.server.SidecarThread`), where it shares the GIL with the
+stomp.py client's threads (the goals are about the deployed shape). On a machine with
+few cores both compete with the broker for CPU either way: read the figures with
+``environment.cpus`` and the load averages recorded before and after the run in mind (a
+shared machine's other work shows up in the tail latencies first). ``sidecar_cpu_us`` is
+the sidecar's own CPU time per proxied message (send, consume) or exchange (latency),
+from ``/proc`` (Linux): it depends far less on what else the machine runs than rates and
+percentiles do, so it is the figure to compare when optimising the sidecar.
 """
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ def _ratio(proxy: float, direct: float) -> float:
 
 def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
              messages: int, size: int, rounds: int, latency_samples: int, batch: int = 100,
-             prefetch: int = 100, warmup: int = 500, sidecar_mode: str = "thread",
+             prefetch: int = 100, warmup: int = 500, sidecar_mode: str = "process",
              event_loop: str = "auto",
              progress: Callable[[str], None] | None = None) -> ProxyCase:
     """Measure one broker: send, consume and latency, direct vs through a sidecar."""

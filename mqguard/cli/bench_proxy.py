@@ -29,8 +29,9 @@ BROKERS = ("activemq", "rabbitmq")
 @click.option("--redis", "redis_url",
               help="Redis URL for --store redis (default: start a local one).")
 @click.option("--sidecar", "sidecar_mode", type=click.Choice(("thread", "process")),
-              default="thread", show_default=True,
-              help="Run the sidecar on a thread of this process, or as its own process.")
+              default="process", show_default=True,
+              help="Run the sidecar as its own process (as it is deployed), or on a thread "
+                   "of this process (sharing the GIL with the stomp.py client).")
 @click.option("--event-loop", "event_loop", type=click.Choice(LOOP_KINDS), default="auto",
               show_default=True,
               help="The sidecar's event loop (auto: uvloop when installed, as mqguard sidecar).")

@@ -37,7 +37,7 @@ def test_bench_proxy_figures_are_consistent(activemq_server: ServerHandle,
                        tmp_path / "proxy.json")
     assert report["benchmark"] == "proxy"
     assert report["parameters"]["messages"] == 300
-    assert report["parameters"]["sidecar"] == "thread"
+    assert report["parameters"]["sidecar"] == "process"  # the default: as deployed
     assert report["parameters"]["event_loop"] == "asyncio"
     assert report["goals"] == {"send_ratio": 0.8, "consume_ratio": 0.8, "added_p99_ms": 2.0}
     assert "load_average_before" in report["environment"]
