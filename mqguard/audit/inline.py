@@ -9,7 +9,7 @@ reference 2-core machine), before the main pass could begin.
 :func:`local_frame` writes the rows as SQL instead (``SELECT CAST(col1 AS ...) FROM
 VALUES ...``): Spark turns an inline table into a ``LocalRelation``, which the driver
 holds and joins by broadcast without any task. Above :data:`MAX_INLINE_ROWS` rows the
-SQL text would be slower to parse than a worker is to start, so those go the Python way.
+SQL text takes longer to parse than a worker takes to start, so those go the Python way.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-#: Rows above which :func:`local_frame` uses ``createDataFrame`` (SQL text of that many
-#: rows takes Spark's parser longer than a Python worker takes to start).
+#: Rows above which :func:`local_frame` uses ``createDataFrame``. Measured with rank rows
+#: (three columns): an inline table of 5,000 rows took 1.5 s to parse and count, 20,000
+#: rows 3.4 s; a Python worker's first start about 1.6 s, then 0.4 s per small job.
 MAX_INLINE_ROWS = 5000
 
 
