@@ -4,16 +4,27 @@ A read from one side often carries many frames (a pipelining producer, a broker
 pushing a prefetch window), and each becomes a frame on the other side plus, for a
 SEND, nothing back until the broker's RECEIPT. Written one by one, every frame is its
 own ``send()`` system call and TCP segment: profiling ``bench proxy`` put a third to a
-half of the sidecar's CPU in ``socket.send``. The outbox gathers what one turn of the
-event loop writes to a peer and hands it to the transport once, when the turn ends
-(``call_soon`` runs after the frames of the current read are handled, because the
-pump does not yield to the loop until it waits for the next read), so nothing waits
-longer than that turn and the order of frames is kept.
+half of the sidecar's CPU in ``socket.send``. The outbox gathers what is written to a
+peer and hands it to the transport once: the session holds both outboxes while it
+handles the frames of one read and releases them at its end (:meth:`Outbox.hold`), so
+the writes of a read leave before the loop polls again; a write outside such a read
+(a timer, another connection's read) is handed over when the loop's turn ends
+(``call_soon``). Either way the order of frames is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
+
+
+class Peer(Protocol):
+    """Where an outbox writes: a :class:`~mqguard.sidecar.connection.FrameConnection`."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def write_buffer_size(self) -> int: ...
+
 
 #: Pending bytes above which a writer flushes before the end of the turn (so that a
 #: huge batch reaches the transport's own back-pressure instead of piling up here).
@@ -21,20 +32,17 @@ FLUSH_AT = 256 * 1024
 
 
 class Outbox:
-    """Buffers writes to one ``StreamWriter`` until the end of the loop's turn."""
+    """Buffers writes to one peer until the read being handled ends, or the loop's turn."""
 
-    __slots__ = ("_chunks", "_loop", "_pending", "_scheduled", "_writer")
+    __slots__ = ("_chunks", "_held", "_loop", "_peer", "_pending", "_scheduled")
 
-    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> None:
-        self._writer = writer
+    def __init__(self, peer: Peer, loop: asyncio.AbstractEventLoop) -> None:
+        self._peer = peer
         self._loop = loop
         self._chunks: list[bytes] = []
         self._pending = 0
         self._scheduled = False
-
-    @property
-    def writer(self) -> asyncio.StreamWriter:
-        return self._writer
+        self._held = False
 
     @property
     def pending(self) -> int:
@@ -46,9 +54,18 @@ class Outbox:
         self._pending += len(data)
         if self._pending >= FLUSH_AT:
             self.flush()
-        elif not self._scheduled:
+        elif not self._held and not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush_scheduled)
+
+    def hold(self) -> None:
+        """Keep writes here until :meth:`release` (no end-of-turn callback per read)."""
+        self._held = True
+
+    def release(self) -> None:
+        """Hand what was held to the transport now."""
+        self._held = False
+        self.flush()
 
     def _flush_scheduled(self) -> None:
         self._scheduled = False
@@ -62,8 +79,8 @@ class Outbox:
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self._pending = 0
-        self._writer.write(data)
+        self._peer.write(data)
 
     def buffered(self) -> int:
         """Bytes not yet on the wire: pending here plus the transport's buffer."""
-        return self._pending + self._writer.transport.get_write_buffer_size()
+        return self._pending + self._peer.write_buffer_size()

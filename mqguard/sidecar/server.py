@@ -30,8 +30,9 @@ from mqguard.config import MqguardConfig, SidecarConfig
 from mqguard.errors import ConfigError
 from mqguard.pipeline import Guard
 from mqguard.registry import redact_url
+from mqguard.sidecar.connection import FrameConnection
 from mqguard.sidecar.eventloop import loop_factory
-from mqguard.sidecar.frames import Frame, FrameLimits, encode
+from mqguard.sidecar.frames import CLIENT_COMMANDS, Frame, FrameDecoder, FrameLimits, encode
 from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.metrics import SidecarMetrics
 from mqguard.sidecar.session import ProxySession, address_of
@@ -133,8 +134,8 @@ class Sidecar:
     async def start(self) -> None:
         self.guard.start()
         host, port = self.listen_on
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=self.tls,
-                                                  limit=256 * 1024)
+        self._server = await asyncio.get_running_loop().create_server(
+            self.client_connection, host, port, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.admin_on is not None:
             self._admin = await asyncio.start_server(self._serve_admin, *self.admin_on)
@@ -171,31 +172,40 @@ class Sidecar:
 
     # -- connections ---------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def client_connection(self) -> FrameConnection:
+        """The protocol of an accepted connection; its session starts once it is made."""
+        # Client frames are always encoded again (see ProxySession._write_broker): no
+        # need to keep their received octets.
+        decoder = FrameDecoder(limits=self.limits, commands=CLIENT_COMMANDS, keep_wire=False)
+        return FrameConnection(decoder, self.metrics.bytes.labels("client"),
+                               on_made=self._accept)
+
+    def _accept(self, connection: FrameConnection) -> None:
         if self._stopping or len(self.sessions) >= self.config.max_connections:
             reason = ("the sidecar is shutting down" if self._stopping
                       else f"too many connections (max-connections = "
                            f"{self.config.max_connections})")
             self.metrics.connections_total.labels("refused").inc()
+            connection.stop_reading()
             with contextlib.suppress(Exception):
-                writer.write(encode(Frame("ERROR", [("message", reason)]), "1.0"))
-                await writer.drain()
-                writer.close()
+                connection.write(encode(Frame("ERROR", [("message", reason)]), "1.0"))
+                assert connection.transport is not None
+                connection.transport.close()  # after the ERROR is written
             return
-        session = ProxySession(self, reader, writer)
+        session = ProxySession(self, connection)
         self.sessions.add(session)
         self.metrics.connections.inc()
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)  # type: ignore[arg-type]
+        task = asyncio.get_running_loop().create_task(self._serve(session))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, session: ProxySession) -> None:
         try:
             outcome = await session.run()
             self.metrics.connections_total.labels(_outcome_label(outcome)).inc()
         finally:
             self.sessions.discard(session)
             self.metrics.connections.dec()
-            if task is not None:
-                self._tasks.discard(task)  # type: ignore[arg-type]
 
     # -- expiry reaper -------------------------------------------------------------------
 

@@ -32,12 +32,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import socket
 import ssl
-import struct
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -54,8 +51,8 @@ from mqguard.message import (
 )
 from mqguard.pipeline import SendResult, TransactionState
 from mqguard.pipeline import _stamp_ids as stamp_ids
+from mqguard.sidecar.connection import FrameConnection, Items, QuickAck
 from mqguard.sidecar.frames import (
-    CLIENT_COMMANDS,
     HEARTBEAT,
     SERVER_COMMANDS,
     Frame,
@@ -71,7 +68,6 @@ from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
 from mqguard.verdict import Action, Verdict
 
 if TYPE_CHECKING:
-    from mqguard.sidecar.metrics import Count
     from mqguard.sidecar.server import Sidecar
 
 log = logging.getLogger("mqguard.sidecar")
@@ -80,9 +76,6 @@ log = logging.getLogger("mqguard.sidecar")
 _FRAMING_SEND_HEADERS: Final = frozenset({"destination", "receipt", "transaction",
                                           "content-length"})
 ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
-_READ_CHUNK: Final = 256 * 1024
-#: Bytes not yet on the wire to a peer above which a pump waits for that peer to read.
-_BACKLOG: Final = 1 << 20
 _session_ids = itertools.count(1)
 #: Verdicts under which a SEND goes to the broker (the message or its moved copy).
 _FORWARDED: Final = (Action.CONTINUE, Action.MOVE)
@@ -127,30 +120,22 @@ class SessionEnded(Exception):
 class ProxySession:
     """Relays one client connection; see the module docstring."""
 
-    def __init__(self, sidecar: Sidecar, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(self, sidecar: Sidecar, client: FrameConnection) -> None:
+        """``client`` is the accepted connection, decoding with the client's commands
+        (see :meth:`Sidecar.client_connection`)."""
         self.sidecar = sidecar
         self.guard = sidecar.guard
         self.metrics = sidecar.metrics
         self.label = f"s{next(_session_ids)}"
-        self._client_reader = reader
-        self._client_writer = writer
-        self._client_out = Outbox(writer, asyncio.get_running_loop())
-        peer = writer.get_extra_info("peername")
+        self._client = client
+        self._client_out = Outbox(client, asyncio.get_running_loop())
+        peer = client.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        limits = sidecar.limits
-        # Client frames are always encoded again (see _write_broker): no need to keep
-        # their received octets.
-        self._client_decoder = FrameDecoder(limits=limits, commands=CLIENT_COMMANDS,
-                                            keep_wire=False)
-        self._broker_decoder = FrameDecoder(limits=limits, commands=SERVER_COMMANDS)
-        #: The TCP quick-ack re-armers of both legs (see _QuickAck), closed with them.
-        self._quick_acks: list[_QuickAck] = []
-        self._client_source = _FrameSource(reader, self._client_decoder,
-                                           self.metrics.bytes.labels("client"))
-        self._broker_source: _FrameSource | None = None
-        self._broker_reader: asyncio.StreamReader | None = None
-        self._broker_writer: asyncio.StreamWriter | None = None
+        self._client_decoder = client.decoder
+        self._broker_decoder = FrameDecoder(limits=sidecar.limits, commands=SERVER_COMMANDS)
+        #: The TCP quick-ack re-armers of both legs (see QuickAck), closed with them.
+        self._quick_acks: list[QuickAck] = []
+        self._broker: FrameConnection | None = None
         self._broker_out: Outbox | None = None
         self.version = "1.0"
         self.broker = "unknown"
@@ -174,7 +159,9 @@ class ProxySession:
         self._shutting_down = False
         #: The sidecar has given (or queued) its ERROR: nothing else may follow it.
         self._ending = False
-        self._client_task: asyncio.Task[str] | None = None
+        #: How each side's relaying ended (an outcome for metrics), set while relaying.
+        self._client_end: asyncio.Future[str] | None = None
+        self._broker_end: asyncio.Future[str] | None = None
         #: The per-message counter of guarded deliveries, resolved once.
         self._delivered_count = self.metrics.messages.labels("deliver", "continue")
 
@@ -206,8 +193,8 @@ class ProxySession:
     def shutdown(self) -> None:
         """Graceful stop: read no more client frames, let the broker confirm what it has."""
         self._shutting_down = True
-        if self._client_task is not None:
-            self._client_task.cancel()
+        if self._client_end is not None:  # relaying; otherwise _relay will not start
+            self._end_client("shutdown")
 
     async def _close(self, outcome: str) -> None:
         lost = self._chain.fail_all(f"session ended ({outcome})")
@@ -225,15 +212,12 @@ class ProxySession:
         for quick_ack in self._quick_acks:
             quick_ack.close()  # before the connections: a duplicate would keep one open
         self._quick_acks.clear()
-        for writer in (self._broker_writer, self._client_writer):
-            if writer is None:
+        for connection in (self._broker, self._client):
+            if connection is None:
                 continue
-            with contextlib.suppress(Exception):
-                writer.close()
+            connection.stop_reading()
             try:
-                await asyncio.wait_for(writer.wait_closed(), 2.0)
-            except TimeoutError:
-                _reset(writer)
+                await connection.close(2.0)
             except Exception:
                 log.debug("session %s: closing a connection", self.label, exc_info=True)
 
@@ -271,21 +255,20 @@ class ProxySession:
         timeout = self.sidecar.config.connect_timeout_ms / 1000.0
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
-                    upstream.host, upstream.port, ssl=upstream.ssl_context,
-                    server_hostname=upstream.host if upstream.ssl_context else None,
-                    limit=_READ_CHUNK)
+                broker = FrameConnection(self._broker_decoder,
+                                         self.metrics.bytes.labels("broker"))
+                await asyncio.get_running_loop().create_connection(
+                    lambda: broker, upstream.host, upstream.port, ssl=upstream.ssl_context,
+                    server_hostname=upstream.host if upstream.ssl_context else None)
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             self.metrics.upstream_failures.labels("connect").inc()
             log.warning("session %s: broker %s unreachable: %s", self.label, upstream.where,
                         type(exc).__name__)
             self._send_error("broker unreachable", detail=f"{upstream.where}: {exc}")
             return False
-        self._broker_reader, self._broker_writer = reader, writer
-        self._broker_out = Outbox(writer, asyncio.get_running_loop())
-        self._broker_source = _FrameSource(reader, self._broker_decoder,
-                                           self.metrics.bytes.labels("broker"),
-                                           after_read=self._quick_ack_of(writer))
+        self._broker = broker
+        self._broker_out = Outbox(broker, asyncio.get_running_loop())
+        broker.after_read = self._quick_ack_of(broker)
         try:
             data = encode(connect, "1.0")
         except FrameError as exc:
@@ -294,7 +277,7 @@ class ProxySession:
             self.metrics.protocol_errors.labels("client").inc()
             self._send_error(f"CONNECT cannot be forwarded: {exc.reason}")
             return False
-        writer.write(data)
+        broker.write(data)
         try:
             async with asyncio.timeout(timeout):
                 async for item in self._broker_frames():
@@ -330,13 +313,13 @@ class ProxySession:
     def _connected(self, frame: Frame) -> None:
         self.version = frame.get("version") or "1.0"
         self.broker = detect_broker(frame.get("server"))
-        if self.broker == "rabbitmq" and self._broker_source is not None:
+        if self.broker == "rabbitmq" and self._broker is not None:
             # RabbitMQ's STOMP listener writes with TCP_NODELAY (its default
             # tcp_listen_options): no segment of it waits for our ack, so the quick-ack
-            # system call after every read (see _QuickAck) buys nothing there.
-            quick_ack = self._broker_source.after_read
-            self._broker_source.after_read = None
-            if isinstance(quick_ack, _QuickAck):
+            # system call after every read (see QuickAck) buys nothing there.
+            quick_ack = self._broker.after_read
+            self._broker.after_read = None
+            if isinstance(quick_ack, QuickAck):
                 quick_ack.close()
                 self._quick_acks.remove(quick_ack)
         self._client_decoder.version = self.version
@@ -353,64 +336,115 @@ class ProxySession:
     # -- relaying ------------------------------------------------------------------------
 
     async def _relay(self) -> str:
-        self._client_task = asyncio.create_task(self._pump_client())
-        broker_task = asyncio.create_task(self._pump_broker())
-        done, _ = await asyncio.wait({self._client_task, broker_task},
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if broker_task in done:
-            self._client_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._client_task
-            outcome = broker_task.result()
+        client, broker = self._client, self._broker
+        assert broker is not None
+        loop = asyncio.get_running_loop()
+        self._client_end = client_end = loop.create_future()
+        self._broker_end = broker_end = loop.create_future()
+        # Whichever peer stops reading holds the other side back.
+        client.couple(broker)
+        broker.couple(client)
+        if self._shutting_down:
+            self._end_client("shutdown")
+        else:
+            client.relay(self._on_client_read, self._on_client_end)
+        broker.relay(self._on_broker_read, self._on_broker_end)
+        await asyncio.wait({client_end, broker_end}, return_when=asyncio.FIRST_COMPLETED)
+        client.stop_reading()
+        for end in (client_end, broker_end):
+            if end.done() and (failure := end.exception()) is not None:
+                raise failure  # a bug met while handling a read: run() reports it
+        if broker_end.done():
+            outcome = broker_end.result()
             if not self._client_done:
                 self._send_error("broker connection lost", detail=outcome)
             return outcome
-        try:
-            outcome = self._client_task.result()
-        except asyncio.CancelledError:
-            outcome = "shutdown"
+        outcome = client_end.result()
+        if outcome == "shutdown":
             self._send_error("the sidecar is shutting down; reconnect")
         # Let the broker confirm what it was given before the connection goes.
-        await self._drain_broker(broker_task)
+        await self._drain_broker(broker_end)
         return outcome
 
-    async def _drain_broker(self, broker_task: asyncio.Task[str]) -> None:
+    async def _drain_broker(self, broker_end: asyncio.Future[str]) -> None:
         timeout = self.sidecar.config.drain_timeout_ms / 1000.0
-        if not broker_task.done() and self._broker_writer is not None:
+        if not broker_end.done():
             if self._pending_disconnect is None and not self._disconnect_sent:
                 # The sidecar's own: its receipt is the chain's, not owed to the client.
                 self._pending_disconnect = Frame("DISCONNECT")
                 self._flush_disconnect()
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(broker_task), timeout)
-        if not broker_task.done():
-            broker_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await broker_task
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(broker_end), timeout)
+        if self._broker is not None:
+            self._broker.stop_reading()
 
-    async def _pump_client(self) -> str:
-        source = self._client_source
-        out = self._broker_out
-        assert out is not None
+    def _end_client(self, outcome: str) -> None:
+        """The client's side of the relay ended (or ends now): read nothing more from it."""
+        self._client.stop_reading()
+        end = self._client_end
+        if end is not None and not end.done():
+            end.set_result(outcome)
+
+    def _end_broker(self, outcome: str) -> None:
+        if self._broker is not None:
+            self._broker.stop_reading()
+        end = self._broker_end
+        if end is not None and not end.done():
+            end.set_result(outcome)
+
+    def _failed(self, end: asyncio.Future[str] | None, exc: BaseException) -> None:
+        """A bug met while handling a read: the session ends, run() logs it."""
+        self._client.stop_reading()
+        if self._broker is not None:
+            self._broker.stop_reading()
+        if end is not None and not end.done():
+            end.set_exception(exc)
+
+    def _hold(self) -> None:
+        # The writes of one read leave together when it has been handled (see Outbox).
+        self._client_out.hold()
+        if self._broker_out is not None:
+            self._broker_out.hold()
+
+    def _release(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._broker_out is not None:
+                self._broker_out.release()
+        with contextlib.suppress(Exception):
+            self._client_out.release()
+
+    def _on_client_read(self, items: Items) -> None:
+        """The frames of one read of the client, handled within the read callback."""
+        self._hold()
         try:
-            # Everything one read completed is handled in one go (a pipelining producer's
-            # SENDs are then decided as one batch: see _on_client_items).
-            while (items := await source.batch()) is not None:
-                self._on_client_items(items)
-                if self._client_done:
-                    return "disconnect"
-                if out.buffered() > _BACKLOG:
-                    await self._drain(out)
-        except FrameError as exc:
-            self._protocol_error(exc)
-            return "protocol-error"
+            self._on_client_items(items)
         except SessionEnded as ended:
-            return str(ended)
-        except (ConnectionError, OSError):
-            return "client-lost"
-        if self._truncated_frame():
-            return "client-lost"
-        return "client-closed"
+            self._end_client(str(ended))
+        except FrameError as exc:  # a frame that cannot be forwarded as it is
+            self._protocol_error(exc)
+            self._end_client("protocol-error")
+        except OSError:
+            self._end_client("client-lost")
+        except Exception as exc:
+            self._failed(self._client_end, exc)
+        else:
+            if self._client_done:
+                self._end_client("disconnect")
+        finally:
+            self._release()
+
+    def _on_client_end(self, kind: str, exc: BaseException | None) -> None:
+        self._hold()
+        try:
+            if isinstance(exc, FrameError):
+                self._protocol_error(exc)
+                self._end_client("protocol-error")
+            elif kind == "lost" or self._truncated_frame():
+                self._end_client("client-lost")
+            else:
+                self._end_client("client-closed")
+        finally:
+            self._release()
 
     def _on_client_items(self, items: list[Frame | object]) -> None:
         """Handle the frames of one read in order; consecutive plain SENDs as one batch.
@@ -469,74 +503,83 @@ class ProxySession:
             if self._client_done:
                 return
 
-    async def _pump_broker(self) -> str:
-        source = self._broker_source
-        out = self._client_out
-        assert source is not None
-        counts = self.metrics.frame_counts("broker")
+    def _on_broker_read(self, items: Items) -> None:
+        """The frames of one read of the broker, handled within the read callback."""
+        self._hold()
         try:
-            while (items := await source.batch()) is not None:
-                count = len(items)
-                index = 0
-                while index < count:
-                    item = items[index]
-                    index += 1
-                    if item is HEARTBEAT:
-                        if not self._ending:
-                            self._write_client_bytes(b"\n")
-                        continue
-                    assert isinstance(item, Frame)
-                    counts[item.command].value += 1
-                    if (item.command == "MESSAGE" and index < count and not self._ending
-                            and getattr(items[index], "command", None) == "MESSAGE"):
-                        # The MESSAGEs of one read are guarded as one batch.
-                        run = [item]
-                        while (index < count
-                               and getattr(items[index], "command", None) == "MESSAGE"):
-                            run.append(items[index])  # type: ignore[arg-type]
-                            index += 1
-                        counts["MESSAGE"].value += len(run) - 1
-                        self._on_messages(run)
-                        continue
-                    if self._on_broker_frame(item):
-                        self._settle_confirmed()
-                        return "broker-error"
-                # The client's RECEIPTs and MESSAGEs leave now, before the bookkeeping
-                # of the confirmed SENDs: a pipelining client waits for its last RECEIPT
-                # before it sends again, so that bookkeeping is off its critical path.
-                out.flush()
-                if self._confirmed:
-                    self._settle_confirmed()
-                if out.buffered() > _BACKLOG:
-                    await self._drain(out)
+            if self._on_broker_items(items):
+                self._settle_confirmed()
+                self._end_broker("broker-error")
+                return
         except FrameError as exc:
+            self._on_broker_end("malformed", exc)
+            return
+        except OSError as exc:
+            self._on_broker_end("lost", exc)
+            return
+        except Exception as exc:
+            self._failed(self._broker_end, exc)
+            return
+        finally:
+            self._release()
+        # The client's RECEIPTs and MESSAGEs left above, before the bookkeeping of the
+        # confirmed SENDs: a pipelining client waits for its last RECEIPT before it sends
+        # again, so that bookkeeping is off its critical path.
+        if self._confirmed:
+            try:
+                self._settle_confirmed()
+            except Exception as exc:
+                self._failed(self._broker_end, exc)
+
+    def _on_broker_items(self, items: Items) -> bool:
+        """Relay the frames of one broker read; True when the broker sent an ERROR."""
+        counts = self.metrics.frame_counts("broker")
+        count = len(items)
+        index = 0
+        while index < count:
+            item = items[index]
+            index += 1
+            if item is HEARTBEAT:
+                if not self._ending:
+                    self._write_client_bytes(b"\n")
+                continue
+            assert isinstance(item, Frame)
+            counts[item.command].value += 1
+            if (item.command == "MESSAGE" and index < count and not self._ending
+                    and getattr(items[index], "command", None) == "MESSAGE"):
+                # The MESSAGEs of one read are guarded as one batch.
+                run = [item]
+                while (index < count
+                       and getattr(items[index], "command", None) == "MESSAGE"):
+                    run.append(items[index])  # type: ignore[arg-type]
+                    index += 1
+                counts["MESSAGE"].value += len(run) - 1
+                self._on_messages(run)
+                continue
+            if self._on_broker_frame(item):
+                return True
+        return False
+
+    def _on_broker_end(self, kind: str, exc: BaseException | None) -> None:
+        if isinstance(exc, FrameError):
             self.metrics.protocol_errors.labels("broker").inc()
             log.warning("session %s: malformed frame from the broker: %s", self.label, exc)
-            return f"broker sent a malformed frame: {exc.reason}"
-        except (ConnectionError, OSError):
-            pass
+            self._end_broker(f"broker sent a malformed frame: {exc.reason}")
+            return
         self.metrics.upstream_failures.labels("lost").inc()
-        return "broker-closed"
+        self._end_broker("broker-closed")
 
     async def _client_frames(self) -> AsyncIterator[Frame | object]:
-        while (item := await self._client_source.next()) is not None:
+        while (item := await self._client.next()) is not None:
             yield item
 
     async def _broker_frames(self) -> AsyncIterator[Frame | object]:
-        assert self._broker_source is not None
-        while (item := await self._broker_source.next()) is not None:
+        assert self._broker is not None
+        while (item := await self._broker.next()) is not None:
             yield item
 
-    @staticmethod
-    async def _drain(out: Outbox | None) -> None:
-        # Back-pressure: wait only when the peer is not keeping up (the pumps check
-        # the backlog themselves first, so a frame costs no coroutine).
-        if out is not None and out.buffered() > _BACKLOG:
-            out.flush()
-            await out.writer.drain()
-
-    def _quick_ack_of(self, writer: asyncio.StreamWriter) -> _QuickAck | None:
-        quick_ack = _QuickAck.of(writer)
+    def _quick_ack_of(self, connection: FrameConnection) -> QuickAck | None:
+        quick_ack = QuickAck.of(connection)
         if quick_ack is not None:
             self._quick_acks.append(quick_ack)
         return quick_ack
@@ -1186,147 +1229,3 @@ def _native_count(broker: str, sub: _Subscription, headers: dict[str, str]) -> i
     if broker == "rabbitmq" and sub.quorum:
         return 1  # a quorum queue omits the header on the first delivery
     return None
-
-
-class _FrameSource:
-    """The frames of one direction of a connection, decoded ahead, handed out one by one.
-
-    One read may complete several frames. Whatever a consumer has not taken yet stays here
-    for its next call, so stopping after one frame loses nothing: a client may pipeline
-    frames right behind its CONNECT, and they must reach the relay once the handshake is
-    done (a read-ahead that died with the handshake's ``async for`` silently dropped them).
-    Frames completed before a malformed one in the same read are handed out before its
-    :class:`FrameError`: they were valid and are processed like any other (a SEND with a
-    receipt followed by garbage is still delivered and receipted before the ERROR).
-    """
-
-    __slots__ = ("_counter", "_decoder", "_error", "_reader", "_ready", "after_read")
-
-    def __init__(self, reader: asyncio.StreamReader, decoder: FrameDecoder,
-                 counter: Count, *, after_read: Callable[[], None] | None = None) -> None:
-        self._reader = reader
-        #: Called after each read (TCP quick-ack); None for nothing.
-        self.after_read = after_read
-        self._decoder = decoder
-        self._counter = counter
-        self._ready: deque[Frame | object] = deque()
-        self._error: FrameError | None = None
-
-    async def next(self) -> Frame | object | None:
-        """The next frame or HEARTBEAT; None at end of stream; FrameError when malformed."""
-        if not self._ready and not await self._fill():
-            return None
-        return self._ready.popleft()
-
-    async def batch(self) -> list[Frame | object] | None:
-        """Every frame (and HEARTBEAT) ready now, at least one; as :meth:`next` otherwise."""
-        ready = self._ready
-        if not ready and not await self._fill():
-            return None
-        items = list(ready)
-        ready.clear()
-        return items
-
-    async def _fill(self) -> bool:
-        """Read until something is ready; False at end of stream."""
-        ready = self._ready
-        while not ready:
-            if self._error is not None:
-                raise self._error
-            data = await self._reader.read(_READ_CHUNK)
-            if not data:
-                return False
-            if self.after_read is not None:
-                self.after_read()
-            self._counter.value += len(data)
-            try:
-                ready.extend(_without_padding(self._decoder.feed(data)))
-            except FrameError as exc:
-                ready.extend(_without_padding(exc.frames))
-                self._error = exc
-        return True
-
-
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Drop a connection whose peer stopped reading, with an RST.
-
-    ``close()`` waits for the write buffer to flush, forever if the peer never reads: the
-    socket and megabytes of frames for it outlived the session, uncounted by
-    max-connections. A plain ``abort()`` still leaves an orphaned kernel socket in FIN-WAIT-1
-    holding the unsent data for as long as the peer keeps its window shut; with SO_LINGER 0
-    the kernel discards it and resets the connection at once.
-    """
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
-class _QuickAck:
-    """Re-arms TCP_QUICKACK on the broker connection, for after each read (Linux only).
-
-    The sidecar asks for a RECEIPT on every SEND. A broker writing with Nagle on
-    (ActiveMQ's default transport) then sends the RECEIPT and the MESSAGE behind it
-    as two small segments, and the MESSAGE waits for the TCP ack of the RECEIPT,
-    which Linux delays by 40 ms: +44 ms on every one-at-a-time exchange
-    (``bench proxy``). The kernel leaves quick-ack mode by itself, hence once per
-    read. The option is set through one duplicate of the connection's socket made
-    here: uvloop's socket stand-in builds a socket object per call (a ``getsockname``
-    and a ``setsockopt`` system call, and Python objects, per read). :meth:`close`
-    closes that duplicate, before the connection itself is closed.
-
-    Not on the client leg: tried (after reads holding SENDs, so that a Nagle client's
-    next SENDs come without waiting for the first RECEIPT), it measured no gain in
-    ``bench proxy``, and it changes when a pipelined duplicate arrives relative to the
-    confirmation of its original (``tests/integration/test_sidecar.py``).
-    """
-
-    __slots__ = ("_option", "_sock")
-
-    def __init__(self, sock: socket.socket, option: int) -> None:
-        self._sock = sock
-        self._option = option
-
-    @classmethod
-    def of(cls, writer: asyncio.StreamWriter) -> _QuickAck | None:
-        """For the connection of ``writer``; None where the option does not apply."""
-        option = getattr(socket, "TCP_QUICKACK", None)
-        sock = writer.get_extra_info("socket")
-        if option is None or sock is None or sock.family not in (socket.AF_INET,
-                                                                 socket.AF_INET6):
-            return None
-        try:
-            own = sock.dup()
-        except OSError:
-            return None
-        return cls(own, option)
-
-    def __call__(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.setsockopt(socket.IPPROTO_TCP, self._option, 1)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.close()
-
-
-def _without_padding(items: list[Frame | object]) -> list[Frame | object]:
-    """Drop the EOLs that follow a frame in the same read: padding, not heart-beats.
-
-    Brokers end every frame with ``NUL EOL``; the frame itself is the sign of life a
-    heart-beat would be. Relayed as heart-beats, those EOLs put ``"\\n\\n"`` on the wire
-    whenever the frame between them was the sidecar's own (a RECEIPT it answers itself),
-    and stomp.py 9 silently drops the frame that arrives behind a ``"\\n\\n"`` read (its
-    end-of-headers search matches the leading blank line). EOLs at the start of a read,
-    an idle peer's heart-beats, are kept.
-    """
-    out: list[Frame | object] = []
-    after_frame = False
-    for item in items:
-        if item is not HEARTBEAT:
-            after_frame = True
-        elif after_frame:
-            continue
-        out.append(item)
-    return out

@@ -33,8 +33,8 @@ from mqguard.message import (
 )
 from mqguard.reaper import DEFAULT_HOLDING_QUEUE
 from mqguard.servers.rabbitmq import rabbitmqctl
+from mqguard.sidecar.connection import QuickAck
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
-from mqguard.sidecar.session import _QuickAck
 from mqguard.testing.waiting import wait_for
 
 BROKERS = [
@@ -414,16 +414,16 @@ def test_confirmed_sends_recorded_and_session_end_closes_everything(
     socket behind: the broker leg's quick-ack socket is a duplicate of the connection's,
     which would otherwise keep that connection (and a descriptor) open: every one made
     is closed when the session ends."""
-    made: list[_QuickAck] = []
-    original = _QuickAck.of.__func__  # type: ignore[attr-defined]
+    made: list[QuickAck] = []
+    original = QuickAck.of.__func__  # type: ignore[attr-defined]
 
-    def recording(cls: type[_QuickAck], writer: Any) -> _QuickAck | None:
+    def recording(cls: type[QuickAck], writer: Any) -> QuickAck | None:
         quick_ack = original(cls, writer)
         if quick_ack is not None:
             made.append(quick_ack)
         return quick_ack
 
-    monkeypatch.setattr(_QuickAck, "of", classmethod(recording))
+    monkeypatch.setattr(QuickAck, "of", classmethod(recording))
     client = connect(proxy, clients)
     queue = f"/queue/{unique_name}"
     for i in range(40):
