@@ -638,7 +638,7 @@ class ProxySession:
     def _send_error(self, message: str, *, receipt: str | None = None, detail: str = "") -> None:
         if self._ending:
             # One ERROR per connection: the client already got (or has queued) its last
-            # frame, e.g. the broker's ERROR, while the client pump hit a problem of its own
+            # frame, e.g. the broker's ERROR, while the client side hit a problem of its own
             # (fuzz: a relayed broker ERROR followed by the sidecar's "incomplete frame").
             return
         headers = [("message", message[:200]), ("content-type", "text/plain")]
