@@ -407,11 +407,12 @@ class ProxySession:
             self._broker_out.hold()
 
     def _release(self) -> None:
-        with contextlib.suppress(Exception):
+        try:
             if self._broker_out is not None:
                 self._broker_out.release()
-        with contextlib.suppress(Exception):
             self._client_out.release()
+        except Exception as exc:  # a transport refusing a write: a bug, not the peer's doing
+            self._failed(self._client_end, exc)
 
     def _on_client_read(self, items: Items) -> None:
         """The frames of one read of the client, handled within the read callback."""
