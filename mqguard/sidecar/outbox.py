@@ -23,8 +23,6 @@ class Peer(Protocol):
 
     def write(self, data: bytes) -> None: ...
 
-    def write_buffer_size(self) -> int: ...
-
 
 #: Pending bytes above which a writer flushes before the end of the turn (so that a
 #: huge batch reaches the transport's own back-pressure instead of piling up here).
@@ -43,11 +41,6 @@ class Outbox:
         self._pending = 0
         self._scheduled = False
         self._held = False
-
-    @property
-    def pending(self) -> int:
-        """Bytes written here and not yet handed to the transport."""
-        return self._pending
 
     def write(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -80,7 +73,3 @@ class Outbox:
         chunks.clear()
         self._pending = 0
         self._peer.write(data)
-
-    def buffered(self) -> int:
-        """Bytes not yet on the wire: pending here plus the transport's buffer."""
-        return self._pending + self._peer.write_buffer_size()
