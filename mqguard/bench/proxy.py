@@ -57,6 +57,14 @@ shared machine's other work shows up in the tail latencies first). ``sidecar_cpu
 the sidecar's own CPU time per proxied message (send, consume) or exchange (latency),
 from ``/proc`` (Linux): it depends far less on what else the machine runs than rates and
 percentiles do, so it is the figure to compare when optimising the sidecar.
+
+Baselines (``--baselines``): two more paths in every round, each a process of its own in
+front of the same broker. ``bare`` is the sidecar with every built-in plugin disabled and
+no event log: frames decoded, relayed with the sidecar's receipts, re-encoded, but no
+guarantee. ``relay`` is a do-nothing TCP relay (:mod:`mqguard.bench.relay`): the extra hop
+alone. Their ratios and added latencies are against the same rounds' direct path, so the
+sidecar's cost splits into the hop (``relay``), the relaying (``bare`` minus ``relay``)
+and the guarantees (the sidecar minus ``bare``). The goals apply to the sidecar only.
 """
 
 from __future__ import annotations
@@ -86,9 +94,16 @@ from mqguard.bench import raw
 from mqguard.bench.report import median
 from mqguard.config import parse_config
 from mqguard.message import new_message_id
+from mqguard.registry import BUILTIN_PLUGINS
 from mqguard.sidecar.eventloop import resolve as resolve_loop
 
 SIDECAR_MODES = ("thread", "process")
+
+#: Paths ``--baselines`` adds to every round, to split the sidecar's cost: ``bare``, the
+#: sidecar with every built-in plugin disabled and no event log (the relaying of frames
+#: without the guarantees); ``relay``, a do-nothing TCP relay (:mod:`mqguard.bench.relay`:
+#: the extra hop alone, nothing decoded). Both run as processes of their own.
+BASELINES: tuple[str, ...] = ("bare", "relay")
 
 #: The goals of issue 6.
 GOALS: dict[str, float] = {"send_ratio": 0.8, "consume_ratio": 0.8, "added_p99_ms": 2.0}
@@ -118,6 +133,9 @@ class ProxyCase:
     runs: dict[str, list[float]] = field(default_factory=dict)
     #: The sidecar's event loop: ``asyncio`` or ``uvloop`` (:mod:`mqguard.sidecar.eventloop`).
     event_loop: str = "asyncio"
+    #: Per baseline measured (``--baselines``): the same figures through it, ratios and
+    #: added latencies against the direct path of the same rounds (see :data:`BASELINES`).
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def goals_met(self) -> dict[str, bool]:
@@ -141,22 +159,34 @@ class RunningSidecar:
     cpu_seconds: Callable[[], float | None]
 
 
+def sidecar_settings(store_url: str, events_dir: str, *, bare: bool = False
+                     ) -> dict[str, Any]:
+    """The ``[mqguard]`` table of a measured sidecar: default plugins, ``store_url``, the
+    event log in ``events_dir``; ``bare``: every built-in plugin disabled and no event log
+    (the ``bare`` baseline: the relaying without the guarantees)."""
+    settings: dict[str, Any] = {"store": store_url,
+                                "event-log": {"directory": events_dir}}
+    if bare:
+        settings["disabled-plugins"] = sorted(BUILTIN_PLUGINS)
+        settings["event-log"]["enabled"] = False
+    return settings
+
+
 @contextmanager
 def running_sidecar(upstream_url: str, store_url: str, mode: str = "thread",
-                    event_loop: str = "auto") -> Iterator[RunningSidecar]:
-    """A sidecar in front of ``upstream_url`` (default plugins, ``store_url``, event log
-    in a temporary directory), on a thread of this process or as a process of its own,
-    on the ``event_loop`` given (:mod:`mqguard.sidecar.eventloop`)."""
+                    event_loop: str = "auto", *, bare: bool = False
+                    ) -> Iterator[RunningSidecar]:
+    """A sidecar in front of ``upstream_url`` (:func:`sidecar_settings`), on a thread of
+    this process or as a process of its own, on the ``event_loop`` given
+    (:mod:`mqguard.sidecar.eventloop`)."""
     if mode not in SIDECAR_MODES:
         raise ValueError(f"sidecar mode must be one of {SIDECAR_MODES}, not {mode!r}")
     with tempfile.TemporaryDirectory(prefix="mqguard-bench-proxy-") as tmp:
-        events_dir = os.path.join(tmp, "events")
+        settings = sidecar_settings(store_url, os.path.join(tmp, "events"), bare=bare)
         if mode == "thread":
             from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 
-            config = parse_config({"mqguard": {"store": store_url,
-                                               "event-log": {"directory": events_dir}}},
-                                  "mqguard bench proxy")
+            config = parse_config({"mqguard": settings}, "mqguard bench proxy")
             sidecar = Sidecar(config, parse_upstream(upstream_url), listen=("127.0.0.1", 0))
             with SidecarThread(sidecar, event_loop=event_loop) as running:
                 loop_thread = next((t for t in threading.enumerate()
@@ -166,12 +196,30 @@ def running_sidecar(upstream_url: str, store_url: str, mode: str = "thread",
                 yield RunningSidecar(_with_port(upstream_url, running.port),
                                      lambda: _proc_cpu_seconds(task))
         else:
-            with _sidecar_process(upstream_url, store_url, Path(tmp), events_dir,
-                                  event_loop) as proc:
-                port = _wait_for_listening(proc, Path(tmp) / "sidecar.log")
+            with _sidecar_process(upstream_url, settings, Path(tmp), event_loop) as proc:
+                port = _wait_for_listening(proc, Path(tmp) / "sidecar.log", SIDECAR_READY)
                 stat = f"/proc/{proc.pid}/stat"
                 yield RunningSidecar(_with_port(upstream_url, port),
                                      lambda: _proc_cpu_seconds(stat))
+
+
+@contextmanager
+def running_relay(upstream_url: str, event_loop: str = "auto") -> Iterator[RunningSidecar]:
+    """A do-nothing TCP relay (:mod:`mqguard.bench.relay`) in front of ``upstream_url``,
+    as a process of its own: the ``relay`` baseline, what one more hop costs."""
+    from mqguard.bench.relay import READY_MARKER
+
+    parts = urlsplit(upstream_url)
+    upstream = f"{parts.hostname}:{parts.port or 61613}"
+    with tempfile.TemporaryDirectory(prefix="mqguard-bench-relay-") as tmp:
+        log_path = Path(tmp) / "relay.log"
+        command = [sys.executable, "-m", "mqguard.bench.relay", "--upstream", upstream,
+                   "--event-loop", event_loop]
+        with _process(command, log_path) as proc:
+            port = _wait_for_listening(proc, log_path, READY_MARKER)
+            stat = f"/proc/{proc.pid}/stat"
+            yield RunningSidecar(_with_port(upstream_url, port),
+                                 lambda: _proc_cpu_seconds(stat))
 
 
 def _proc_cpu_seconds(stat_path: str | None) -> float | None:
@@ -185,19 +233,46 @@ def _proc_cpu_seconds(stat_path: str | None) -> float | None:
         return None
 
 
+#: What ``mqguard sidecar`` logs once it accepts connections.
+SIDECAR_READY = "mqguard sidecar listening on "
+
+
 @contextmanager
-def _sidecar_process(upstream_url: str, store_url: str, tmp: Path, events_dir: str,
+def _sidecar_process(upstream_url: str, settings: dict[str, Any], tmp: Path,
                      event_loop: str) -> Iterator[subprocess.Popen[bytes]]:
     config = tmp / "mqguard.toml"
-    # JSON strings are valid TOML basic strings.
-    config.write_text(f"[mqguard]\nstore = {json.dumps(store_url)}\n\n"
-                      f"[mqguard.event-log]\ndirectory = {json.dumps(events_dir)}\n")
-    log_path = tmp / "sidecar.log"
+    config.write_text(_toml({"mqguard": settings}))
+    command = [sys.executable, "-m", "mqguard.cli", "sidecar", "--listen", "127.0.0.1:0",
+               "--upstream", upstream_url, "-c", str(config), "--event-loop", event_loop]
+    with _process(command, tmp / "sidecar.log") as proc:
+        yield proc
+
+
+def _toml(tables: dict[str, Any], prefix: str = "") -> str:
+    """TOML text of nested tables of strings, booleans and lists of strings (JSON strings
+    are valid TOML basic strings)."""
+    lines: list[str] = []
+    nested: list[tuple[str, dict[str, Any]]] = []
+    for key, value in tables.items():
+        if isinstance(value, dict):
+            nested.append((f"{prefix}{key}", value))
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
+    text = (f"[{prefix[:-1]}]\n" if prefix else "") + "".join(f"{line}\n" for line in lines)
+    for name, table in nested:
+        text += "\n" + _toml(table, f"{name}.")
+    return text
+
+
+@contextmanager
+def _process(command: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``command`` running with its output in ``log_path``; stopped (SIGTERM, then
+    SIGKILL after 30 s) when the block ends."""
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mqguard.cli", "sidecar", "--listen", "127.0.0.1:0",
-             "--upstream", upstream_url, "-c", str(config), "--event-loop", event_loop],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:
@@ -210,9 +285,10 @@ def _sidecar_process(upstream_url: str, store_url: str, tmp: Path, events_dir: s
                 proc.wait(10)
 
 
-def _wait_for_listening(proc: subprocess.Popen[bytes], log_path: Path,
+def _wait_for_listening(proc: subprocess.Popen[bytes], log_path: Path, marker: str,
                         timeout: float = 30.0) -> int:
-    marker = "mqguard sidecar listening on "
+    """The port in the ``marker HOST:PORT`` line ``proc`` writes to ``log_path``."""
+    what = marker.partition(" listening")[0]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
@@ -221,9 +297,9 @@ def _wait_for_listening(proc: subprocess.Popen[bytes], log_path: Path,
                 hostport = line[len(marker):].split(",")[0].strip()
                 return int(hostport.rpartition(":")[2])
         if proc.poll() is not None:
-            raise RuntimeError(f"mqguard sidecar exited with {proc.returncode}:\n{text[-2000:]}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{text[-2000:]}")
         time.sleep(0.05)
-    raise RuntimeError(f"mqguard sidecar did not start within {timeout:g} s")
+    raise RuntimeError(f"{what} did not start within {timeout:g} s")
 
 
 def _with_port(url: str, port: int) -> str:
@@ -313,10 +389,12 @@ def _queue_name(phase: str) -> str:
 
 # -- one case ------------------------------------------------------------------------------
 
-def _alternate(rounds: int, run: Callable[[str], float]) -> dict[str, list[float]]:
-    results: dict[str, list[float]] = {"direct": [], "proxy": []}
+def _alternate(rounds: int, run: Callable[[str], float], sides: Sequence[str]
+               ) -> dict[str, list[float]]:
+    """``run`` each side once per round; even rounds in the order given, odd ones reversed."""
+    results: dict[str, list[float]] = {side: [] for side in sides}
     for round_number in range(rounds):
-        order = ("direct", "proxy") if round_number % 2 == 0 else ("proxy", "direct")
+        order = sides if round_number % 2 == 0 else list(reversed(sides))
         for side in order:
             results[side].append(run(side))
     return results
@@ -334,26 +412,41 @@ def _ratio(proxy: float, direct: float) -> float:
 def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
              messages: int, size: int, rounds: int, latency_samples: int, batch: int = 100,
              prefetch: int = 100, warmup: int = 500, sidecar_mode: str = "process",
-             event_loop: str = "auto",
+             event_loop: str = "auto", baselines: Sequence[str] = (),
              progress: Callable[[str], None] | None = None) -> ProxyCase:
-    """Measure one broker: send, consume and latency, direct vs through a sidecar."""
+    """Measure one broker: send, consume and latency, direct vs through a sidecar (and
+    through each of ``baselines``, see :data:`BASELINES`, in the same rounds)."""
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {sorted(unknown)}; known: {BASELINES}")
     say = progress or (lambda text: None)
     bodies = _bodies(messages, size)
-    cpu: dict[str, list[float]] = {"send": [], "consume": [], "latency": []}
-    with running_sidecar(broker_url, store_url, sidecar_mode, event_loop) as sidecar:
-        urls = {"direct": broker_url, "proxy": sidecar.url}
+    sides = ["direct", "proxy", *dict.fromkeys(baselines)]
+    cpu: dict[str, dict[str, list[float]]] = {
+        side: {"send": [], "consume": [], "latency": []} for side in sides[1:]}
+    with contextlib.ExitStack() as stack:
+        sidecar = stack.enter_context(running_sidecar(broker_url, store_url, sidecar_mode,
+                                                      event_loop))
+        paths = {"proxy": sidecar}
+        if "bare" in baselines:
+            paths["bare"] = stack.enter_context(running_sidecar(
+                broker_url, store_url, sidecar_mode, event_loop, bare=True))
+        if "relay" in baselines:
+            paths["relay"] = stack.enter_context(running_relay(broker_url, event_loop))
+        urls = {"direct": broker_url, **{side: path.url for side, path in paths.items()}}
 
         def timed_cpu(side: str, phase: str, count: int, run: Callable[[], float]) -> float:
-            before = sidecar.cpu_seconds() if side == "proxy" else None
+            path = paths.get(side)
+            before = path.cpu_seconds() if path is not None else None
             seconds = run()
-            after = sidecar.cpu_seconds() if before is not None else None
+            after = path.cpu_seconds() if path is not None and before is not None else None
             if before is not None and after is not None:
-                cpu[phase].append((after - before) / count * 1e6)
+                cpu[side][phase].append((after - before) / count * 1e6)
             return seconds
 
         if warmup:
             warm = _bodies(warmup, size)
-            for side in ("direct", "proxy"):
+            for side in sides:
                 address = _queue_name("warmup")
                 raw.stomp_produce(urls[side], address, warm, batch)
                 raw.stomp_consume(urls[side], address, len(warm), prefetch)
@@ -372,7 +465,7 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
             return messages / timed_cpu(side, "consume", messages, lambda: raw.stomp_consume(
                 urls[side], address, messages, prefetch))
 
-        latencies: dict[str, list[float]] = {"direct": [], "proxy": []}
+        latencies: dict[str, list[float]] = {side: [] for side in sides}
 
         def latency(side: str) -> float:
             warm_exchanges = min(100, latency_samples)
@@ -387,12 +480,12 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
             latencies[side].extend(found)
             return percentile(found, 99) * 1000
 
-        sends = _alternate(rounds, send)
-        say(f"{broker}: send direct {median(sends['direct']):,.0f}/s "
-            f"proxy {median(sends['proxy']):,.0f}/s")
-        consumes = _alternate(rounds, consume)
-        say(f"{broker}: consume direct {median(consumes['direct']):,.0f}/s "
-            f"proxy {median(consumes['proxy']):,.0f}/s")
+        sends = _alternate(rounds, send, sides)
+        say(f"{broker}: send " + ", ".join(f"{side} {median(sends[side]):,.0f}/s"
+                                           for side in sides))
+        consumes = _alternate(rounds, consume, sides)
+        say(f"{broker}: consume " + ", ".join(f"{side} {median(consumes[side]):,.0f}/s"
+                                              for side in sides))
         if warmup:
             # The broker's JIT compiles the one-at-a-time exchange's code paths during the
             # first latency rounds (a fresh ActiveMQ: its compiler threads at 10-28% of a
@@ -400,16 +493,23 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
             # next ones 1.96 / 1.78; 2,000 exchanges per path first still left 1 s of
             # compiling in round 1): untimed exchanges first, so that the rounds measure the
             # steady state the goal is about.
-            for side in ("direct", "proxy"):
+            for side in sides:
                 stomp_latency(urls[side], _queue_name("latency-warmup"),
                               min(LATENCY_WARMUP, 2 * latency_samples), size)
             say(f"{broker}: latency warmed up")
-        p99s = _alternate(rounds, latency)
+        p99s = _alternate(rounds, latency, sides)
 
-    direct_send, proxy_send = median(sends["direct"]), median(sends["proxy"])
-    direct_consume, proxy_consume = median(consumes["direct"]), median(consumes["proxy"])
+    send_rate = {side: median(sends[side]) for side in sides}
+    consume_rate = {side: median(consumes[side]) for side in sides}
     ms = {side: (percentile(found, 50) * 1000, percentile(found, 99) * 1000)
           for side, found in latencies.items()}
+
+    def cpu_us(side: str) -> dict[str, float | None]:
+        return {phase: median(values) if values else None
+                for phase, values in cpu[side].items()}
+
+    direct_send, proxy_send = send_rate["direct"], send_rate["proxy"]
+    direct_consume, proxy_consume = consume_rate["direct"], consume_rate["proxy"]
     case = ProxyCase(
         broker=broker, store=store_name, sidecar=sidecar_mode,
         direct_send_per_s=direct_send, proxy_send_per_s=proxy_send,
@@ -420,13 +520,24 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
         proxy_p50_ms=ms["proxy"][0], proxy_p99_ms=ms["proxy"][1],
         added_p50_ms=ms["proxy"][0] - ms["direct"][0],
         added_p99_ms=ms["proxy"][1] - ms["direct"][1],
-        sidecar_cpu_us={phase: median(values) if values else None
-                        for phase, values in cpu.items()},
+        sidecar_cpu_us=cpu_us("proxy"),
         runs={"direct_send_per_s": sends["direct"], "proxy_send_per_s": sends["proxy"],
               "direct_consume_per_s": consumes["direct"],
               "proxy_consume_per_s": consumes["proxy"],
               "direct_p99_ms": p99s["direct"], "proxy_p99_ms": p99s["proxy"]},
-        event_loop=resolve_loop(event_loop))
+        event_loop=resolve_loop(event_loop),
+        baselines={side: {
+            "send_per_s": send_rate[side],
+            "send_ratio": _ratio(send_rate[side], direct_send),
+            "consume_per_s": consume_rate[side],
+            "consume_ratio": _ratio(consume_rate[side], direct_consume),
+            "p50_ms": ms[side][0], "p99_ms": ms[side][1],
+            "added_p50_ms": ms[side][0] - ms["direct"][0],
+            "added_p99_ms": ms[side][1] - ms["direct"][1],
+            "cpu_us": cpu_us(side),
+            "runs": {"send_per_s": sends[side], "consume_per_s": consumes[side],
+                     "p99_ms": p99s[side]},
+        } for side in sides[2:]})
     say(f"{broker}: latency p50 direct {case.direct_p50_ms:.3f} ms proxy "
         f"{case.proxy_p50_ms:.3f} ms, p99 direct {case.direct_p99_ms:.3f} ms proxy "
         f"{case.proxy_p99_ms:.3f} ms")
@@ -450,7 +561,34 @@ def table_rows(case: dict[str, Any]) -> list[dict[str, Any]]:
         {"broker": case["broker"], "figure": "p99 ms", "direct": case["direct_p99_ms"],
          "proxy": case["proxy_p99_ms"], "result": f"{case['added_p99_ms']:+.2f} ms",
          "goal": f"<= +{GOALS['added_p99_ms']}", "met": _yes(met["added_p99_ms"])},
+        *_baseline_rows(case),
     ]
+
+
+def _baseline_rows(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """The baselines' figures, in the ``proxy`` column, marked with their name."""
+    rows = []
+    for name, figures in case.get("baselines", {}).items():
+        cpu = figures["cpu_us"]
+        rows += [
+            {"broker": case["broker"], "figure": f"send msg/s ({name})",
+             "direct": case["direct_send_per_s"], "proxy": figures["send_per_s"],
+             "result": f"ratio {figures['send_ratio']:.2f}", "goal": "",
+             "met": _cpu_note(cpu.get("send"))},
+            {"broker": case["broker"], "figure": f"consume msg/s ({name})",
+             "direct": case["direct_consume_per_s"], "proxy": figures["consume_per_s"],
+             "result": f"ratio {figures['consume_ratio']:.2f}", "goal": "",
+             "met": _cpu_note(cpu.get("consume"))},
+            {"broker": case["broker"], "figure": f"p99 ms ({name})",
+             "direct": case["direct_p99_ms"], "proxy": figures["p99_ms"],
+             "result": f"{figures['added_p99_ms']:+.2f} ms", "goal": "",
+             "met": _cpu_note(cpu.get("latency"))},
+        ]
+    return rows
+
+
+def _cpu_note(micros: float | None) -> str:
+    return "" if micros is None else f"cpu {micros:.0f} us"
 
 
 def _yes(value: bool) -> str:

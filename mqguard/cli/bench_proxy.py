@@ -52,18 +52,23 @@ BROKERS = ("activemq", "rabbitmq")
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=500, show_default=True,
               help="Untimed messages sent and consumed on both paths before the first round "
                    "(0 also skips the untimed exchanges before the first latency round).")
+@click.option("--baselines", is_flag=True,
+              help="Also measure, in the same rounds, a bare sidecar (every built-in plugin "
+                   "disabled, no event log) and a do-nothing TCP relay, to split the "
+                   "sidecar's cost into the hop, the relaying and the guarantees (slower: "
+                   "four paths per round instead of two).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str | None,
           store: str, redis_url: str | None, sidecar_mode: str, event_loop: str, messages: int,
           size: int, batch: int, prefetch: int, rounds: int, latency_samples: int, warmup: int,
-          json_path: str | None) -> None:
+          baselines: bool, json_path: str | None) -> None:
     """Send / consume throughput and added latency of the sidecar, per broker."""
     try:
         loop_name = resolve_loop(event_loop)
     except MqguardError as exc:
         raise click.ClickException(str(exc)) from None
-    from mqguard.bench.proxy import GOALS, run_case, table_rows
+    from mqguard.bench.proxy import BASELINES, GOALS, run_case, table_rows
 
     brokers = brokers or BROKERS
     kinds = list(brokers) + (["redis"] if store == "redis" else [])
@@ -77,6 +82,7 @@ def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str 
                             size=size, rounds=rounds, latency_samples=latency_samples,
                             batch=batch, prefetch=prefetch, warmup=warmup,
                             sidecar_mode=sidecar_mode, event_loop=event_loop,
+                            baselines=BASELINES if baselines else (),
                             progress=lambda text: click.echo(text, err=True))
             cases.append(case.to_json())
     print_table(f"mqguard bench proxy (store {store}, sidecar on a {sidecar_mode}, "
@@ -93,7 +99,9 @@ def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str 
                                           "latency_samples": latency_samples,
                                           "warmup": warmup, "store": store,
                                           "sidecar": sidecar_mode,
-                                          "event_loop": loop_name},
+                                          "event_loop": loop_name,
+                                          "baselines": list(BASELINES) if baselines
+                                          else []},
                            "goals": GOALS, "cases": cases})
 
 

@@ -210,10 +210,15 @@ class Frame:
 
     def header_dict(self) -> dict[str, str]:
         """Headers as a dict, first occurrence of each name winning, wire order kept."""
-        result: dict[str, str] = {}
-        for key, value in self.headers:
-            if key not in result:
-                result[key] = value
+        headers = self.headers
+        # dict() builds it in C but keeps the *last* occurrence: right whenever no name
+        # repeats (every frame the brokers and common clients send), checked by its size.
+        result = dict(headers)
+        if len(result) != len(headers):
+            result = {}
+            for key, value in headers:
+                if key not in result:
+                    result[key] = value
         return result
 
 

@@ -1142,15 +1142,7 @@ class ProxySession:
         guard does not see, :data:`_RELAY` (to write as is) or :data:`_DROP`."""
         assert self.leg is not None
         # All headers (first occurrence wins) for the lookups below and the guard.
-        # dict() keeps the last occurrence, so it is only taken when no name repeats
-        # (always, from the brokers seen so far).
-        raw = frame.headers
-        headers = dict(raw)
-        if len(headers) != len(raw):
-            headers = {}
-            for key, value in raw:
-                if key not in headers:
-                    headers[key] = value
+        headers = frame.header_dict()
         echoed = headers.get("receipt")
         if echoed is not None and echoed.startswith(CHAIN_RECEIPT_PREFIX):
             # RabbitMQ echoes a SEND's receipt header in the MESSAGE: it is the
@@ -1200,21 +1192,13 @@ _DROP = "drop"
 
 
 def _send_fields(frame: Frame) -> _SendFields:
-    """One pass over a SEND's headers (see :data:`_SendFields`); the first of a name wins."""
-    destination = receipt = transaction = None
-    headers: dict[str, str] = {}
-    for key, value in frame.headers:
-        if key == "destination":
-            if destination is None:
-                destination = value
-        elif key == "receipt":
-            if receipt is None:
-                receipt = value
-        elif key == "transaction":
-            if transaction is None:
-                transaction = value
-        elif key != "content-length" and key not in headers:
-            headers[key] = value
+    """What a SEND's headers say (see :data:`_SendFields`); the first of a name wins."""
+    headers = frame.header_dict()
+    pop = headers.pop
+    destination = pop("destination", None)
+    receipt = pop("receipt", None)
+    transaction = pop("transaction", None)
+    pop("content-length", None)
     return destination, receipt, transaction, headers
 
 

@@ -33,7 +33,7 @@ def test_bench_proxy_figures_are_consistent(activemq_server: ServerHandle,
     report = run_bench(["--broker", "activemq", "--activemq-url",
                         activemq_server.urls["stomp"], "-n", "300", "--rounds", "1",
                         "--latency-samples", "100", "--warmup", "100",
-                        "--event-loop", "asyncio"],
+                        "--event-loop", "asyncio", "--baselines"],
                        tmp_path / "proxy.json")
     assert report["benchmark"] == "proxy"
     assert report["parameters"]["messages"] == 300
@@ -66,6 +66,26 @@ def test_bench_proxy_figures_are_consistent(activemq_server: ServerHandle,
         "added_p99_ms": case["added_p99_ms"] <= 2.0}
     assert set(case["sidecar_cpu_us"]) == {"send", "consume", "latency"}
     assert all(value is None or value >= 0 for value in case["sidecar_cpu_us"].values())
+    # --baselines: the bare sidecar and the do-nothing relay ran in the same rounds, and
+    # their figures agree with the direct path's as the sidecar's do.
+    assert report["parameters"]["baselines"] == ["bare", "relay"]
+    assert set(case["baselines"]) == {"bare", "relay"}
+    for name, figures in case["baselines"].items():
+        for figure in ("send_per_s", "consume_per_s", "p50_ms", "p99_ms"):
+            assert figures[figure] > 0, (name, figure)
+        assert figures["send_ratio"] == pytest.approx(
+            figures["send_per_s"] / case["direct_send_per_s"], rel=1e-9)
+        assert figures["consume_ratio"] == pytest.approx(
+            figures["consume_per_s"] / case["direct_consume_per_s"], rel=1e-9)
+        assert figures["added_p99_ms"] == pytest.approx(
+            figures["p99_ms"] - case["direct_p99_ms"])
+        assert figures["runs"]["send_per_s"] == [figures["send_per_s"]]
+        assert set(figures["cpu_us"]) == {"send", "consume", "latency"}
+    # The relay decodes nothing: it costs less CPU per message than the sidecar does.
+    relay_cpu, sidecar_cpu = (case["baselines"]["relay"]["cpu_us"]["send"],
+                              case["sidecar_cpu_us"]["send"])
+    if relay_cpu is not None and sidecar_cpu is not None:
+        assert relay_cpu < sidecar_cpu
 
 
 @pytest.mark.rabbitmq
