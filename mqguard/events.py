@@ -22,9 +22,12 @@ import atexit
 import enum
 import gzip
 import json
+import logging
 import os
+import queue
 import re
 import shutil
+import sys
 import threading
 import time
 import weakref
@@ -38,6 +41,8 @@ import orjson
 from mqguard.message import Message
 
 SCHEMA_VERSION = 1
+
+_log = logging.getLogger("mqguard.events")
 
 
 class EventType(enum.StrEnum):
@@ -156,6 +161,18 @@ class EventLog:
         self._file = open(self.path, "ab")  # noqa: SIM115 - owned for the log's lifetime
         self._size = self._file.tell()
         self._rotation = self._next_rotation_number()
+        #: Closed segments waiting for their conversion (see _rotate); None ends it.
+        self._segments: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self._converter: threading.Thread | None = None
+        if rotated_format == "parquet":
+            # Started now, so that it imports pyarrow (a few hundred ms holding the GIL)
+            # while the process starts, not in the middle of the first rotation.
+            self._start_converter()
+        # A segment a process left unconverted (it ended during the conversion) is
+        # converted now; until then it is read as the JSONL it is.
+        for segment in self._rotated_files():
+            if segment.name.endswith(".jsonl"):
+                self._convert_later(segment)
         self._writer = threading.Thread(target=self._run, name="mqguard-eventlog", daemon=True)
         self._writer.start()
         _open_logs.add(self)
@@ -268,28 +285,65 @@ class EventLog:
         return max(numbers, default=0) + 1
 
     def _rotate(self) -> None:
-        # Called with _write_lock held. The closed segment is converted under a
-        # temporary name and renamed, so a reader never sees half a file.
+        # Called with _write_lock held. The full file is renamed to its segment's name
+        # (still JSONL, read as such) and a new live file opened at once; the conversion
+        # runs on a thread of its own (_convert_segments). It takes about 2 s of CPU per
+        # 64 MiB: done here, it held the writer, and pyarrow's threads took every core
+        # for a second, which showed in the sidecar's latency tail on a small machine.
         self._file.close()
-        number = f"{self._stem}.{self._rotation:06d}"
-        converted = False
-        if self._rotated_format == "parquet":
-            converted = _to_parquet(self.path, self.directory / f"{number}.parquet")
-        if not converted:
-            # jsonl.gz by choice, or a segment Parquet cannot hold exactly (a line cut
-            # by a killed process, a field of another type): kept whole, gzipped.
-            target = self.directory / f"{number}.jsonl.gz"
-            partial = target.with_name(target.name + ".partial")
-            with (open(self.path, "rb") as src,
-                  gzip.open(partial, "wb", compresslevel=6) as dst):
-                shutil.copyfileobj(src, dst)
-            partial.rename(target)
+        segment = self.directory / f"{self._stem}.{self._rotation:06d}.jsonl"
+        os.replace(self.path, segment)
         self._rotation += 1
         self._file = open(self.path, "wb")  # noqa: SIM115
         self._size = 0
-        if self._backup_count:
-            for old in self._rotated_files()[: -self._backup_count]:
-                old.unlink(missing_ok=True)
+        self._convert_later(segment)
+
+    def _convert_later(self, segment: Path) -> None:
+        self._segments.put(segment)
+        self._start_converter()
+
+    def _start_converter(self) -> None:
+        if self._converter is None:
+            self._converter = threading.Thread(target=self._convert_segments,
+                                               name="mqguard-eventlog-rotate", daemon=True)
+            self._converter.start()
+
+    def _convert_segments(self) -> None:
+        _lower_thread_priority()
+        if self._rotated_format == "parquet":
+            import pyarrow.json
+            import pyarrow.parquet  # noqa: F401 - imported here, used by _to_parquet
+        while (segment := self._segments.get()) is not None:
+            try:
+                self._convert(segment)
+            except Exception:
+                # It stays JSONL, which every reader reads: nothing is lost.
+                _log.warning("event-log segment %s not converted; kept as JSONL", segment,
+                             exc_info=True)
+            if self._backup_count:
+                for old in self._rotated_files()[: -self._backup_count]:
+                    old.unlink(missing_ok=True)
+
+    def _convert(self, segment: Path) -> None:
+        """The JSONL ``segment`` as Parquet or ``.jsonl.gz``, written under a temporary
+        name and renamed, then the JSONL removed."""
+        if not segment.exists():
+            return  # pruned by backup-count before its turn
+        stem = segment.with_suffix("")  # events-<node>.<NNNNNN>
+        converted = False
+        if self._rotated_format == "parquet":
+            converted = _to_parquet(segment, stem.with_name(stem.name + ".parquet"),
+                                    use_threads=False)
+        if not converted:
+            # jsonl.gz by choice, or a segment Parquet cannot hold exactly (a line cut
+            # by a killed process, a field of another type): kept whole, gzipped.
+            target = stem.with_name(stem.name + ".jsonl.gz")
+            partial = target.with_name(target.name + ".partial")
+            with (open(segment, "rb") as src,
+                  gzip.open(partial, "wb", compresslevel=6) as dst):
+                shutil.copyfileobj(src, dst)
+            partial.rename(target)
+        segment.unlink()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -303,6 +357,11 @@ class EventLog:
         self.flush()
         with self._write_lock:
             self._file.close()
+        if self._converter is not None:
+            # The conversions still queued finish first (a segment left unconverted
+            # would be read as JSONL anyway, and converted by the node's next writer).
+            self._segments.put(None)
+            self._converter.join(timeout=CLOSE_CONVERT_TIMEOUT_S)
         _open_logs.discard(self)
 
     def __enter__(self) -> EventLog:
@@ -375,8 +434,26 @@ def read_events(*paths: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 #: Formats of rotated segments (``[mqguard.event-log] rotated-format``).
 ROTATED_FORMATS = ("parquet", "jsonl.gz")
-#: A rotated segment's name after the stem: ``.<number>.parquet`` / ``.<number>.jsonl.gz``.
-_ROTATED_NAME = re.compile(r"\.(\d{6,})\.(?:parquet|jsonl\.gz)")
+#: A rotated segment's name after the stem: ``.<number>.parquet`` / ``.<number>.jsonl.gz``,
+#: or ``.<number>.jsonl`` while it waits for its conversion.
+_ROTATED_NAME = re.compile(r"\.(\d{6,})\.(?:parquet|jsonl\.gz|jsonl)")
+#: How long :meth:`EventLog.close` waits for queued conversions (a bound for a stuck disk).
+CLOSE_CONVERT_TIMEOUT_S = 120.0
+#: The converting thread's nice value (Linux: per thread): a rotation yields the CPU
+#: to the guard's hot path, the broker and the clients on a busy machine.
+CONVERTER_NICE = 10
+
+
+def _lower_thread_priority() -> None:
+    """Lower the calling thread's priority, where a thread can have its own (Linux)."""
+    if sys.platform != "linux":
+        return  # elsewhere setpriority(PRIO_PROCESS, id) targets processes, not threads
+    try:
+        tid = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, max(current, CONVERTER_NICE))
+    except OSError:
+        pass  # not permitted here: the conversion still runs, at normal priority
 
 #: Types of every field of schema version 1 (docs/events.md): Parquet columns are
 #: typed, and a segment's columns must not depend on which fields it happened to hold.
@@ -398,16 +475,19 @@ def _arrow_schema() -> Any:
     return pa.schema([(name, kinds[kind]) for name, kind in FIELD_TYPES.items()])
 
 
-def _to_parquet(source: Path, target: Path) -> bool:
+def _to_parquet(source: Path, target: Path, *, use_threads: bool = True) -> bool:
     """Convert the JSONL segment ``source`` to ``target`` (via ``target.partial`` and a
     rename). False, and nothing written, when a line does not fit the schema: the
-    caller then keeps the segment as JSONL, so no event is ever lost to a conversion."""
+    caller then keeps the segment as JSONL, so no event is ever lost to a conversion.
+    ``use_threads=False`` parses on the calling thread only (pyarrow's pool would
+    otherwise take every core)."""
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
     partial = target.with_name(target.name + ".partial")
     try:
-        table = pj.read_json(source, parse_options=pj.ParseOptions(
+        table = pj.read_json(source, read_options=pj.ReadOptions(use_threads=use_threads),
+                             parse_options=pj.ParseOptions(
             explicit_schema=_arrow_schema(),
             # Fields added after this writer (docs/events.md allows new optional
             # ones) are kept with the type read, not dropped.

@@ -84,3 +84,67 @@ def test_bad_rotated_format_is_refused(tmp_path: Path) -> None:
     config = parse_config({"mqguard": {"event-log": {"rotated-format": "jsonl.gz"}}}, "t.toml")
     assert config.core.event_log.rotated_format == "jsonl.gz"
     assert parse_config({}, "t.toml").core.event_log.rotated_format == "parquet"
+
+
+def _events_of(count: int, start: int = 0) -> list[Message]:
+    return [Message("orders", message_id=str(i)) for i in range(start, start + count)]
+
+
+def test_a_rotation_does_not_wait_for_its_conversion(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full file becomes a JSONL segment at once and the writer goes on; the
+    conversion runs on its own thread, at a lower priority (Linux), and close() waits
+    for it. Meanwhile readers see every event once, in order."""
+    import os
+    import sys
+    import threading
+
+    import mqguard.events as events_module
+
+    release = threading.Event()
+    seen_nice: list[int] = []
+    original = events_module._to_parquet
+
+    def slow_to_parquet(source: Path, target: Path, *, use_threads: bool = True) -> bool:
+        seen_nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert use_threads is False  # one core: the hot path keeps the other
+        assert release.wait(10)
+        return original(source, target, use_threads=use_threads)
+
+    monkeypatch.setattr(events_module, "_to_parquet", slow_to_parquet)
+    log = EventLog(tmp_path, node_id="n", max_bytes=4096, buffer_events=10)
+    for message in _events_of(100):
+        log.emit(EventType.SENT, message)
+    log.flush()
+    segment = tmp_path / "events-n.000001.jsonl"
+    assert segment.exists()  # rotated, conversion pending (blocked above)
+    for message in _events_of(100, start=100):
+        log.emit(EventType.SENT, message)
+    log.flush()  # the writer was not held by the conversion
+    ids = [int(event["message_id"]) for event in read_events(tmp_path)]
+    assert ids == list(range(200))
+    release.set()
+    log.close()
+    assert not list(tmp_path.glob("events-n.0*.jsonl"))  # every segment converted
+    assert [int(e["message_id"]) for e in read_events(tmp_path)] == list(range(200))
+    assert seen_nice
+    if sys.platform == "linux":
+        assert min(seen_nice) >= events_module.CONVERTER_NICE
+
+
+def test_a_segment_left_unconverted_is_converted_by_the_next_writer(tmp_path: Path) -> None:
+    with EventLog(tmp_path, node_id="n", max_bytes=10_000_000) as log:
+        for message in _events_of(5):
+            log.emit(EventType.SENT, message)
+    # As a process leaves it when it ends during a conversion: the renamed JSONL.
+    (tmp_path / "events-n.jsonl").rename(tmp_path / "events-n.000001.jsonl")
+    (tmp_path / "events-n.000001.parquet.partial").write_bytes(b"PAR1 half")
+    assert [int(e["message_id"]) for e in read_events(tmp_path)] == list(range(5))
+    with EventLog(tmp_path, node_id="n", max_bytes=4096, buffer_events=10) as log:
+        for message in _events_of(100, start=5):
+            log.emit(EventType.SENT, message)
+    assert (tmp_path / "events-n.000001.parquet").exists()
+    assert not (tmp_path / "events-n.000001.jsonl").exists()
+    numbers = sorted(int(p.name.split(".")[1]) for p in tmp_path.glob("events-n.0*.parquet"))
+    assert numbers == list(range(1, len(numbers) + 1))  # the numbering went on after it
+    assert [int(e["message_id"]) for e in read_events(tmp_path)] == list(range(105))
