@@ -108,6 +108,11 @@ class _ClientLeg(_Leg):
             if self.transport is not None:
                 self.transport.close()
             return
+        if self.transport is None or self.transport.is_closing():
+            # The client left while this connected: nobody to relay for.
+            if upstream.transport is not None:
+                upstream.transport.close()
+            return
         upstream.peer, self.peer = self, upstream
         self.flush_early()
         upstream.flush_early()
