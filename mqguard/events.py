@@ -274,7 +274,8 @@ class EventLog:
     # -- rotation ---------------------------------------------------------------------
 
     def _rotated_files(self) -> list[Path]:
-        """This node's rotated segments (either format), oldest first."""
+        """This node's rotated segments (Parquet, gzip, or JSONL awaiting conversion),
+        oldest first."""
         found = [(int(m.group(1)), p) for p in self.directory.glob(f"{self._stem}.*")
                  if (m := _ROTATED_NAME.fullmatch(p.name.removeprefix(self._stem)))]
         return [p for _, p in sorted(found)]
