@@ -12,13 +12,18 @@ call order), each with the subset of arguments it asks for; a firstresult
 call stops at the first non-None result; exceptions propagate. A hook with a
 wrapper implementation (old- or new-style) goes through pluggy itself.
 
-Observer hooks are the exception to pluggy's semantics: :meth:`HotCall.each` and
-:func:`observe` log what an implementation raises and go on (see the hookspecs'
-module docstring for why).
+Observer hooks are the exception to pluggy's semantics: :meth:`HotCall.each`,
+:meth:`BatchCall.each` and :func:`observe` log what an implementation raises (with
+the hook's and the plugin's names) and call the next one, on every path, wrappers
+included (see the hookspecs' module docstring for why). Like dramatiq's
+``Broker.emit_after``, the isolation is per implementation: pluggy's own call
+loop ends at the first exception, so it never runs an observer's implementations
+unguarded.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -108,28 +113,80 @@ class HotCall:
                 else:
                     function(*[args[index] for index in positions])
             except Exception:
-                _log_failure(self._caller.name, function)
+                _log_failure(self._caller.name, function, self._impls)
 
 
 def observe(caller: pluggy.HookCaller, **kwargs: Any) -> None:
-    """Call an observer hook through pluggy, if implemented; log what it raises.
+    """Call every implementation of an observer hook; log what one raises and go on.
 
     Skipped when nothing implements it: pluggy's call machinery costs
     microseconds even then, and the deliver path calls several observers per
-    message. Through pluggy an exception ends the call, so implementations after
-    the failing one are not called (hooks with wrappers only; others use HotCall).
+    message. Without wrappers the implementations are called here, in pluggy's
+    order (last registered first, ``tryfirst``/``trylast`` respected), each with
+    the arguments it names. With wrappers the call goes through pluggy (so the
+    wrappers see it, and hook-call monitoring too), but each plain implementation
+    is replaced by a copy whose function logs and swallows what it raises: the
+    wrappers see a normal call, and the implementations after a failing one still
+    run. What a wrapper itself raises is logged too.
+
+    A missing argument is a bug of the caller, not of a plugin: it raises.
     """
-    if not caller.get_hookimpls():
+    impls = caller.get_hookimpls()
+    if not impls:
         return
+    if not any(impl.wrapper or impl.hookwrapper for impl in impls):
+        for impl in reversed(impls):  # get_hookimpls() lists them in reverse call order
+            args = [kwargs[name] for name in impl.argnames]
+            try:
+                impl.function(*args)
+            except Exception:
+                _log_failure(caller.name, impl.function, impls)
+        return
+    for name in caller.spec.argnames if caller.spec is not None else ():
+        if name not in kwargs:
+            raise TypeError(f"hook {caller.name} called without argument {name!r}")
+    isolated = [impl if impl.wrapper or impl.hookwrapper else _isolated(caller.name, impl)
+                for impl in impls]
     try:
-        caller(**kwargs)
+        # HookCaller.__call__ would take the registered implementations; _hookexec is the
+        # manager's entry point for a given list (pluggy's own call_extra uses it).
+        caller._hookexec(caller.name, isolated, kwargs, False)
     except Exception:
-        _log_failure(caller.name, None)
+        wrappers = [impl for impl in impls if impl.wrapper or impl.hookwrapper]
+        _log_failure(caller.name, None, wrappers)
 
 
-def _log_failure(hook: str, function: Callable[..., Any] | None) -> None:
-    where = f"{function.__module__}.{function.__qualname__}" if function is not None else hook
-    log.exception("observer %s failed in %s; the message's fate is unchanged", hook, where)
+def _isolated(hook: str, impl: pluggy.HookImpl) -> pluggy.HookImpl:
+    """A copy of ``impl`` whose function logs what the original raises and returns None."""
+    function = impl.function
+
+    def call(*args: Any) -> None:
+        try:
+            function(*args)
+        except Exception:
+            _log_failure(hook, function, [impl])
+
+    clone = copy.copy(impl)
+    # HookImpl's attributes are Final for plugins; the copy is private to this call.
+    object.__setattr__(clone, "function", call)
+    return clone
+
+
+def _log_failure(hook: str, function: Callable[..., Any] | None,
+                 impls: Sequence[pluggy.HookImpl] = ()) -> None:
+    """Log an observer's exception with the hook's name, the plugin's name and the function.
+
+    ``function`` None: a wrapper (one of ``impls``) or pluggy's call itself raised.
+    """
+    if function is None:
+        plugins = ", ".join(sorted({impl.plugin_name for impl in impls})) or "?"
+        log.exception("observer %s failed in a wrapper of plugin(s) %s; the message's fate "
+                      "is unchanged", hook, plugins)
+        return
+    plugin = next((impl.plugin_name for impl in impls if impl.function is function), "?")
+    where = f"{function.__module__}.{function.__qualname__}"
+    log.exception("observer %s failed in plugin %s (%s); the message's fate is unchanged",
+                  hook, plugin, where)
 
 
 # One step of a batch call: an implementation's function, True when it is a batch twin
@@ -255,7 +312,7 @@ class BatchCall:
                     else:
                         function(*[args[index] for index in positions])
                 except Exception:
-                    _log_failure(self._batch.name, function)
+                    _log_failure(self._batch.name, function, self._impls[1])
                 continue
             for message, ctx in zip(messages, contexts, strict=True):
                 args = (message, ctx, *single_rest)
@@ -265,7 +322,7 @@ class BatchCall:
                     else:
                         function(*[args[index] for index in positions])
                 except Exception:
-                    _log_failure(self._single._caller.name, function)
+                    _log_failure(self._single._caller.name, function, self._impls[0])
 
 
 def _positions(argnames: Sequence[str], names: tuple[str, ...]) -> tuple[int, ...] | None:

@@ -29,8 +29,14 @@ Three kinds of hooks:
   other observers: the broker already has the message (``after_send``) or the
   acknowledgement (``message_acknowledged``), and a bookkeeping plugin's bug must
   not make a sender resend or a consumer believe a message is unsettled.
+  This holds on every path that calls an observer, with or without wrapper
+  implementations (:mod:`mqguard.hookcall`); :func:`observer_hooks` lists them.
   The lifecycle hooks (:func:`configure`, :func:`guard_started`,
   :func:`guard_stopping`) do raise: a plugin that cannot start stops the guard.
+
+A guard refuses to start when a plugin implements a hook that is not specified
+here (a misspelled name would otherwise never be called); mark an implementation
+``@hookimpl(optionalhook=True)`` to have it ignored when no such hook exists.
 
 Every hook but the lifecycle ones receives a :class:`~mqguard.context.HookContext`
 as ``ctx``: the resolved address settings, the store, the event log, the
@@ -39,6 +45,8 @@ adapter's capabilities and the transaction, if any.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -54,6 +62,9 @@ PROJECT_NAME = "mqguard"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+#: The hooks that raise (a plugin that cannot start stops the guard); never observers.
+LIFECYCLE_HOOKS: frozenset[str] = frozenset({"configure", "guard_started", "guard_stopping"})
 
 
 # -- lifecycle -----------------------------------------------------------------
@@ -261,3 +272,24 @@ def before_expiry_scan(address: str, ctx: HookContext) -> None:
 @hookspec
 def after_expiry_scan(address: str, ctx: HookContext, expired: int) -> None:
     """The expiry reaper finished ``address``; ``expired`` messages were moved or dropped."""
+
+
+# -- introspection (not hooks) ------------------------------------------------------
+
+
+def observer_hooks() -> tuple[str, ...]:
+    """The names of the observer hooks, in source order, derived from the specs above.
+
+    An observer is a hook that is neither a lifecycle hook, nor firstresult, nor
+    annotated to return something (the decisions and :func:`before_send_batch`).
+    Derived, not listed, so that a new hook is classified (and tested) by its spec.
+    """
+    marker = f"{PROJECT_NAME}_spec"
+    module = sys.modules[__name__]
+    specs = [function for _, function in inspect.getmembers(module, inspect.isfunction)
+             if hasattr(function, marker)]
+    specs.sort(key=lambda function: function.__code__.co_firstlineno)
+    return tuple(function.__name__ for function in specs
+                 if function.__name__ not in LIFECYCLE_HOOKS
+                 and not getattr(function, marker).get("firstresult")
+                 and function.__annotations__.get("return") in (None, "None"))

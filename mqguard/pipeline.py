@@ -38,7 +38,7 @@ from mqguard.message import (
     now_ms,
     per_process_unique_id,
 )
-from mqguard.plugin_manager import make_plugin_manager
+from mqguard.plugin_manager import check_plugins, make_plugin_manager
 from mqguard.redelivery import Mechanism, RedeliveryTimer, choose_mechanism
 from mqguard.stores import Store, open_store
 from mqguard.verdict import AckReason, Action, Verdict
@@ -196,6 +196,8 @@ class Guard:
 
     def start(self) -> Guard:
         if not self._started:
+            # A misspelled @hookimpl would never be called: refuse to guard without it.
+            check_plugins(self.plugins)
             self._check_batch_twins()
             self._started = True
             self.hook.guard_started(guard=self)

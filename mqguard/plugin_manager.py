@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from importlib.metadata import entry_points
 
 import pluggy
@@ -37,6 +38,39 @@ class GuardPluginManager(pluggy.PluginManager):
             return super().unregister(plugin, name)
         finally:
             self.generation += 1
+
+
+def check_plugins(manager: pluggy.PluginManager) -> None:
+    """Refuse implementations of hooks that no hookspec declares (pluggy's ``check_pending``).
+
+    pluggy accepts a ``@hookimpl`` whose name matches no spec and never calls it: a
+    misspelled ``after_sned`` would be a silent no-op. Raises
+    :class:`~mqguard.errors.ConfigError` naming each such plugin and hook, with the
+    closest specified name; implementations marked ``optionalhook=True`` are allowed.
+    """
+    specified = sorted(name for name, caller in vars(manager.hook).items()
+                       if not name.startswith("_") and caller.has_spec())
+    problems = []
+    for name, caller in sorted(vars(manager.hook).items()):
+        if name.startswith("_") or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.optionalhook:
+                continue
+            close = difflib.get_close_matches(name, specified, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"plugin {impl.plugin_name!r} implements unknown hook {name!r}"
+                            f"{hint}")
+    if problems:
+        raise ConfigError("; ".join(problems) + ": an implementation of a hook mqguard does "
+                          "not specify would never be called (see docs/hooks.md; mark it "
+                          "@hookimpl(optionalhook=True) if that is intended)")
+    # What the loop above found is everything pluggy checks today; its own check stays
+    # as the last word, should a later pluggy validate more.
+    try:
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError(f"plugin {exc.plugin!r}: {exc}") from exc
 
 
 def make_plugin_manager(config: MqguardConfig) -> pluggy.PluginManager:
