@@ -37,7 +37,8 @@ class AddressSettingsTable(BaseModel):
     redelivery_delay: int | None = Field(None, ge=0)
     #: Backoff factor applied to the delay per further attempt.
     redelivery_delay_multiplier: float | None = Field(None, ge=1.0)
-    #: Cap on the redelivery delay in ms; unset: 10 x ``redelivery-delay``.
+    #: Cap on the redelivery delay in ms; unset: 10 x ``redelivery-delay``. An explicit 0
+    #: caps every delay at 0 (redelivered at once), as in Artemis.
     max_redelivery_delay: int | None = Field(None, ge=0)
     #: Random spread of the delay (0..1): moved by up to +/- this fraction.
     redelivery_collision_avoidance_factor: float | None = Field(None, ge=0.0, le=1.0)
@@ -90,6 +91,10 @@ class AddressSettingsTable(BaseModel):
         return value
 
 
+#: ``AddressSettings.max_redelivery_delay`` not given: 10 x ``redelivery-delay`` (Artemis).
+UNSET_MAX_REDELIVERY_DELAY = -1
+
+
 @dataclass(frozen=True, slots=True)
 class AddressSettings:
     """Fully resolved settings of one address. Defaults are Artemis's."""
@@ -99,8 +104,10 @@ class AddressSettings:
     id_cache_size: int = 20000
     redelivery_delay: int = 0
     redelivery_delay_multiplier: float = 1.0
-    #: Artemis: when unset, 10 x redelivery-delay.
-    max_redelivery_delay: int = 0
+    # UNSET_MAX_REDELIVERY_DELAY resolves to 10 x redelivery-delay in __post_init__, as
+    # Artemis's getMaxRedeliveryDelay() does for its null: only an unset value defaults.
+    #: Artemis: when unset, 10 x redelivery-delay; an explicit 0 caps every delay at 0.
+    max_redelivery_delay: int = UNSET_MAX_REDELIVERY_DELAY
     redelivery_collision_avoidance_factor: float = 0.0
     dead_letter_address: str | None = None
     auto_create_dead_letter_resources: bool = False
@@ -118,6 +125,12 @@ class AddressSettings:
     auto_create_addresses: bool = False
     redistribution_delay: int = -1
     send_to_dla_on_no_route: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_redelivery_delay == UNSET_MAX_REDELIVERY_DELAY:
+            # Resolved here rather than in merge_tables, so that settings built in code
+            # (plugins, tests) get the same value as settings read from mqguard.toml.
+            object.__setattr__(self, "max_redelivery_delay", 10 * self.redelivery_delay)
 
     def dead_letter_queue_for(self, address: str) -> str:
         """Name of the auto-created dead-letter queue of ``address``."""
@@ -162,8 +175,8 @@ def merge_tables(tables: list[AddressSettingsTable], *, global_id_cache_size: in
                 break
     if "id_cache_size" not in values and global_id_cache_size is not None:
         values["id_cache_size"] = global_id_cache_size
-    if "max_redelivery_delay" not in values:
-        values["max_redelivery_delay"] = 10 * values.get("redelivery_delay", 0)
+    # An unset max-redelivery-delay stays out of ``values``: AddressSettings derives it from
+    # the *resolved* redelivery-delay. An explicit one (0 included) is kept as written.
     return AddressSettings(**values)
 
 

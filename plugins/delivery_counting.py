@@ -91,10 +91,9 @@ def redelivery_delay(settings: AddressSettings, delivery_count: int,
         draw = rng or random
         variance = (factor if draw.random() < 0.5 else -factor) * draw.random()
         delay += delay * variance
-    cap = settings.max_redelivery_delay
-    # Artemis compares with the cap unconditionally; a cap of 0 with a positive
-    # delay cannot be configured here (it defaults to 10 x delay).
-    return int(min(delay, cap)) if cap > 0 else int(delay)
+    # Unconditional, as in Artemis: an explicit cap of 0 means "redeliver at once"; an
+    # unset cap was resolved to 10 x redelivery-delay with the settings.
+    return int(min(delay, settings.max_redelivery_delay))
 
 
 def unlimited(settings: AddressSettings) -> bool:
