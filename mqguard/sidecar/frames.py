@@ -52,11 +52,14 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "FrameLimits",
+    "broker_leg_limits",
     "encode",
     "encode_bodiless",
     "encode_heartbeat",
     "encode_one_header",
+    "send_refusal",
     "wire_of",
+    "with_plain_header",
 ]
 
 STOMP_VERSIONS: Final = ("1.0", "1.1", "1.2")
@@ -132,6 +135,123 @@ class FrameLimits:
 
 
 _DEFAULT_LIMITS: Final = FrameLimits()
+
+# -- the broker leg ------------------------------------------------------------------------
+#
+# The broker leg is trusted, and a message comes back from it bigger than it went in: the
+# sidecar stamps its SEND (a receipt of its own, the mqguard message id, producer id and
+# sequence, expiry headers...), the broker adds its own headers to the MESSAGE (message-id,
+# subscription, ack, destination, timestamp, priority, content-length, dead-letter causes),
+# and STOMP 1.1+ escaping writes up to two octets for each octet a client sent raw (a raw
+# ``:`` in a value comes back as ``\c``). Its limits are derived from the client leg's with
+# room for all of that, so every MESSAGE whose SEND the client leg admitted is admitted on
+# the way back; they still bound what a broker connection may make the sidecar buffer.
+
+#: Headers mqguard adds to a client's SEND, at most (receipt and stamps), and their octets.
+MQGUARD_ADDED_HEADERS: Final = 16
+MQGUARD_ADDED_BYTES: Final = 4096
+#: Headers a broker adds to a MESSAGE, at most, and their octets (ActiveMQ and RabbitMQ add
+#: 6 to 12 short ones; dead-letter and expiry copies carry a few more).
+BROKER_ADDED_HEADERS: Final = 64
+BROKER_ADDED_BYTES: Final = 64 * 1024
+#: Longest header line of a broker's own (ActiveMQ's ``dlqDeliveryFailureCause`` holds a
+#: redelivery policy's text: a few hundred octets).
+BROKER_LINE_BYTES: Final = 8192
+#: The sidecar's receipt header on a SEND (``receipt:mqguard-r-<n>`` and its EOL), at most.
+_RECEIPT_LINE_BYTES: Final = 64
+#: STOMP escaping turns one octet (``\\`` LF ``:`` CR) into two, never more.
+ESCAPE_GROWTH: Final = 2
+
+
+def broker_leg_limits(client: FrameLimits) -> FrameLimits:
+    """Limits for the broker leg that admit every MESSAGE of a SEND ``client`` admitted.
+
+    - headers: the client's, plus what mqguard and the broker add;
+    - a header line: a client's line escaped (at most twice its octets), or a broker's own;
+    - a frame: the client's frame, plus its header block once more (escaping at most doubles
+      it), plus what mqguard and the broker add.
+    """
+    return FrameLimits(
+        max_frame_bytes=(client.max_frame_bytes + client.max_head_bytes
+                         + MQGUARD_ADDED_BYTES + BROKER_ADDED_BYTES),
+        max_header_count=client.max_header_count + MQGUARD_ADDED_HEADERS + BROKER_ADDED_HEADERS,
+        max_header_line_bytes=max(ESCAPE_GROWTH * client.max_header_line_bytes,
+                                  BROKER_LINE_BYTES),
+        max_command_bytes=client.max_command_bytes,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStompLimits:
+    """What a broker's STOMP listener refuses in a SEND (None: no such limit)."""
+
+    name: str
+    #: One ``name:value`` line as written (escaped), without its EOL.
+    max_header_line_bytes: int | None = None
+    max_header_count: int | None = None
+    max_body_bytes: int | None = None
+
+
+#: The brokers' defaults. ActiveMQ 5.x ``StompWireFormat``: MAX_HEADER_LENGTH 10240 (a line),
+#: MAX_HEADERS 1000, MAX_DATA_LENGTH 100 MiB (``wireFormat.maxDataLength``); over any of them
+#: it answers ERROR and closes the connection. RabbitMQ 3.x's STOMP plugin has no header
+#: limits; a body over ``max_message_size`` (128 MiB) is refused.
+BROKER_STOMP_LIMITS: Final[dict[str, BrokerStompLimits]] = {
+    "activemq": BrokerStompLimits("ActiveMQ", max_header_line_bytes=10240,
+                                  max_header_count=1000, max_body_bytes=100 * 1024 * 1024),
+    "rabbitmq": BrokerStompLimits("RabbitMQ", max_body_bytes=128 * 1024 * 1024),
+}
+
+
+def send_refusal(data: bytes, header_count: int, body_len: int, leg: FrameLimits,
+                 broker: str) -> str | None:
+    """Why the encoded SEND ``data`` (``header_count`` headers, a body of ``body_len``
+    octets; mqguard's receipt still to come) must not go to ``broker``, or None.
+
+    Refused: what the broker's STOMP listener refuses (:data:`BROKER_STOMP_LIMITS`), and
+    what would come back over the broker leg's limits ``leg`` once the broker added its
+    headers (a message nobody could ever be given). Cheap for the usual SEND: the header
+    lines are measured only when the header block is longer than a line may be.
+    """
+    count = header_count + 1  # + mqguard's receipt
+    size = len(data) + _RECEIPT_LINE_BYTES
+    known = BROKER_STOMP_LIMITS.get(broker)
+    if known is not None:
+        if known.max_body_bytes is not None and body_len > known.max_body_bytes:
+            return (f"message too large for {known.name}: a body of {body_len} bytes, "
+                    f"over its limit of {known.max_body_bytes}")
+        if known.max_header_count is not None and count > known.max_header_count:
+            return (f"too many headers for {known.name}: {count} with mqguard's, "
+                    f"over its limit of {known.max_header_count}")
+    if size + BROKER_ADDED_BYTES > leg.max_frame_bytes:
+        return (f"message too large: {size} bytes with mqguard's headers, over what the "
+                f"sidecar reads back from the broker ({leg.max_frame_bytes - BROKER_ADDED_BYTES})")
+    if count + BROKER_ADDED_HEADERS > leg.max_header_count:
+        return (f"too many headers: {count} with mqguard's, over what the sidecar reads back "
+                f"from the broker ({leg.max_header_count - BROKER_ADDED_HEADERS})")
+    max_line = leg.max_header_line_bytes
+    if known is not None and known.max_header_line_bytes is not None:
+        max_line = min(max_line, known.max_header_line_bytes)
+    head = len(data) - body_len - 1
+    if head > max_line:  # only then can one line be longer
+        longest = max(map(len, data[:head].split(b"\n")[1:]))
+        if longest > max_line:
+            where = (known.name if known is not None and max_line
+                     == known.max_header_line_bytes else "the sidecar's broker leg")
+            return (f"header line too long for {where}: {longest} bytes as sent (escaped), "
+                    f"over its limit of {max_line}")
+    return None
+
+
+def with_plain_header(data: bytes, name: str, value: str) -> bytes:
+    """The encoded frame ``data`` with ``name:value`` as its first header.
+
+    For a header that needs no escaping in any version (plain ASCII, no ``:`` ``\\`` CR
+    LF): the sidecar's own receipt ids, added after :func:`send_refusal` passed the frame.
+    """
+    command_end = data.index(b"\n") + 1
+    return b"".join((data[:command_end], f"{name}:{value}\n".encode("ascii"),
+                     data[command_end:]))
 
 
 class FrameError(MqguardError):

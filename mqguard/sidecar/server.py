@@ -32,7 +32,14 @@ from mqguard.pipeline import Guard
 from mqguard.registry import redact_url
 from mqguard.sidecar.connection import FrameConnection
 from mqguard.sidecar.eventloop import loop_factory
-from mqguard.sidecar.frames import CLIENT_COMMANDS, Frame, FrameDecoder, FrameLimits, encode
+from mqguard.sidecar.frames import (
+    CLIENT_COMMANDS,
+    Frame,
+    FrameDecoder,
+    FrameLimits,
+    broker_leg_limits,
+    encode,
+)
 from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.metrics import SidecarMetrics
 from mqguard.sidecar.session import ProxySession, address_of
@@ -107,6 +114,8 @@ class Sidecar:
         self.limits = FrameLimits(max_frame_bytes=self.config.max_frame_bytes,
                                   max_header_count=self.config.max_header_count,
                                   max_header_line_bytes=self.config.max_header_line_bytes)
+        #: The broker leg admits every MESSAGE of a SEND the client leg admitted.
+        self.broker_limits = broker_leg_limits(self.limits)
         self.metrics = SidecarMetrics()
         self._owns_guard = guard is None
         self.guard = guard if guard is not None else Guard(config, role="sidecar")
