@@ -1038,13 +1038,17 @@ class Guard:
 
         The copy is confirmed by the broker before the caller acknowledges the
         original, so a crash in between yields a duplicate copy, never a loss.
-        An ``expiry`` copy has no expiration and carries ``_AMQ_ACTUAL_EXPIRY``. Inside
-        a ``transaction`` the copy is sent at COMMIT and the caller writes the events
-        after it (the ``moved`` event and hook are then left to the caller too).
+        No copy keeps the original's expiration (a dead letter would otherwise expire
+        out of its dead-letter address); an ``expiry`` copy also carries
+        ``_AMQ_ACTUAL_EXPIRY``, the time it was expired. Inside a ``transaction`` the
+        copy is sent at COMMIT and the caller writes the events after it (the
+        ``moved`` event and hook are then left to the caller too).
         """
         copy = message.copy_for(address, delivery_count=0)
+        # Artemis QueueImpl.makeCopy sets the copy's expiration to 0 for every move, dead
+        # letters included: the TTL was about delivering the original.
+        copy.expiration = 0
         if expiry:
-            copy.expiration = 0
             copy.headers[ACTUAL_EXPIRY_HEADER] = str(now_ms())
         copy.headers[ORIG_ADDRESS_HEADER] = message.address
         copy.headers[ORIG_QUEUE_HEADER] = ctx.queue or message.address
