@@ -52,6 +52,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "FrameLimits",
+    "Oversized",
     "broker_leg_limits",
     "encode",
     "encode_bodiless",
@@ -203,15 +204,16 @@ BROKER_STOMP_LIMITS: Final[dict[str, BrokerStompLimits]] = {
 }
 
 
-def send_refusal(data: bytes, header_count: int, body_len: int, leg: FrameLimits,
+def send_refusal(data: bytes, header_count: int, body_len: int, leg: FrameLimits | None,
                  broker: str) -> str | None:
     """Why the encoded SEND ``data`` (``header_count`` headers, a body of ``body_len``
     octets; mqguard's receipt still to come) must not go to ``broker``, or None.
 
     Refused: what the broker's STOMP listener refuses (:data:`BROKER_STOMP_LIMITS`), and
     what would come back over the broker leg's limits ``leg`` once the broker added its
-    headers (a message nobody could ever be given). Cheap for the usual SEND: the header
-    lines are measured only when the header block is longer than a line may be.
+    headers (a message nobody could ever be given; not checked when ``leg`` is None).
+    Cheap for the usual SEND: the header lines are measured only when the header block is
+    longer than a line may be.
     """
     count = header_count + 1  # + mqguard's receipt
     size = len(data) + _RECEIPT_LINE_BYTES
@@ -223,15 +225,20 @@ def send_refusal(data: bytes, header_count: int, body_len: int, leg: FrameLimits
         if known.max_header_count is not None and count > known.max_header_count:
             return (f"too many headers for {known.name}: {count} with mqguard's, "
                     f"over its limit of {known.max_header_count}")
-    if size + BROKER_ADDED_BYTES > leg.max_frame_bytes:
-        return (f"message too large: {size} bytes with mqguard's headers, over what the "
-                f"sidecar reads back from the broker ({leg.max_frame_bytes - BROKER_ADDED_BYTES})")
-    if count + BROKER_ADDED_HEADERS > leg.max_header_count:
-        return (f"too many headers: {count} with mqguard's, over what the sidecar reads back "
-                f"from the broker ({leg.max_header_count - BROKER_ADDED_HEADERS})")
-    max_line = leg.max_header_line_bytes
+    max_line: int | None = None
+    if leg is not None:
+        if size + BROKER_ADDED_BYTES > leg.max_frame_bytes:
+            return (f"message too large: {size} bytes with mqguard's headers, over what the "
+                    f"sidecar reads back from the broker "
+                    f"({leg.max_frame_bytes - BROKER_ADDED_BYTES})")
+        if count + BROKER_ADDED_HEADERS > leg.max_header_count:
+            return (f"too many headers: {count} with mqguard's, over what the sidecar reads "
+                    f"back from the broker ({leg.max_header_count - BROKER_ADDED_HEADERS})")
+        max_line = leg.max_header_line_bytes
     if known is not None and known.max_header_line_bytes is not None:
-        max_line = min(max_line, known.max_header_line_bytes)
+        max_line = min(max_line or known.max_header_line_bytes, known.max_header_line_bytes)
+    if max_line is None:
+        return None
     head = len(data) - body_len - 1
     if head > max_line:  # only then can one line be longer
         longest = max(map(len, data[:head].split(b"\n")[1:]))
@@ -268,6 +275,24 @@ class FrameError(MqguardError):
         self.reason = reason
         self.detail = detail
         self.frames: list[Frame | object] = []
+
+
+@dataclass(slots=True)
+class Oversized:
+    """A frame over the limits, from a decoder made with ``oversized=True``.
+
+    Such a decoder does not fail on a frame whose header block it could read: it hands
+    the frame on as this instead, and goes on with the frames after it. ``frame`` has
+    its command and headers; its body too when ``body_kept`` (too many headers or a
+    header line too long: the whole frame was within ``max_frame_bytes``), else the
+    body was skipped as it arrived and ``frame.body`` is empty. ``reason`` is a
+    constant text, ``detail`` says more.
+    """
+
+    frame: Frame
+    reason: str
+    detail: str
+    body_kept: bool
 
 
 #: Decoded frames up to this size keep their received octets (:attr:`Frame.wire`), so a proxy
@@ -484,10 +509,14 @@ class FrameDecoder:
     by later :meth:`feed` calls.  After a :class:`FrameError` the decoder is poisoned: every
     further :meth:`feed` raises :class:`FrameError` with the same ``reason``.  With
     ``keep_wire=False`` decoded frames carry no received octets (``Frame.wire`` is None).
+    With ``oversized=True`` a frame over the limits whose header block fits ``max_head_bytes``
+    is handed on as :class:`Oversized` (its body skipped when over ``max_frame_bytes``), and
+    decoding goes on after it; other errors still fail.
     """
 
     __slots__ = ("_accepted", "_buf", "_commands", "_error", "_keep_wire", "_limits", "_max_head",
-                 "_need", "_nl", "_scan", "_shortcuts", "_state", "_version")
+                 "_need", "_nl", "_oversized", "_scan", "_shortcuts", "_skip_left", "_skip_nul",
+                 "_state", "_version", "_violation")
 
     def __init__(
         self,
@@ -496,6 +525,7 @@ class FrameDecoder:
         commands: frozenset[str] = _ALL_COMMANDS,
         version: str = "1.2",
         keep_wire: bool = True,
+        oversized: bool = False,
     ) -> None:
         bad = sorted(c for c in commands if not (isinstance(c, str) and _is_command_name(c)))
         if bad:
@@ -517,6 +547,12 @@ class FrameDecoder:
         self._nl = 0  # _HEAD: LFs seen in _buf[:_scan]
         self._need = 0  # _BODY_LEN: total bytes of the frame
         self._error: FrameError | None = None
+        #: Hand frames over the limits on as Oversized instead of failing (see Oversized):
+        #: for a trusted peer, whose one odd frame must not end the connection.
+        self._oversized = oversized
+        self._skip_left = 0  # octets of a skipped body still to discard, its NUL included
+        self._skip_nul = False  # discarding a skipped body up to its NUL
+        self._violation: tuple[str, str] | None = None  # a head limit the frame broke
 
     @property
     def version(self) -> str:
@@ -530,6 +566,15 @@ class FrameDecoder:
     @property
     def limits(self) -> FrameLimits:
         return self._limits
+
+    @property
+    def oversized(self) -> bool:
+        """Whether frames over the limits are handed on as :class:`Oversized`."""
+        return self._oversized
+
+    @oversized.setter
+    def oversized(self, value: bool) -> None:
+        self._oversized = value
 
     @property
     def buffered(self) -> int:
@@ -554,6 +599,10 @@ class FrameDecoder:
     # -- internals ---------------------------------------------------------------------------
 
     def _feed(self, data: bytes, out: list[Frame | object]) -> None:
+        if self._skip_left or self._skip_nul:
+            data = self._skip(data)
+            if not data:
+                return
         buf = self._buf
         if buf:
             buf += data
@@ -564,6 +613,23 @@ class FrameDecoder:
         elif not data:
             return
         self._parse(data, out)
+
+    def _skip(self, data: bytes) -> bytes:
+        """Discard the rest of an oversized frame's body; what follows it in ``data``."""
+        if self._skip_nul:
+            nul = data.find(b"\0")
+            if nul < 0:
+                return b""
+            self._skip_nul = False
+            return data[nul + 1:]
+        left = self._skip_left
+        if len(data) < left:
+            self._skip_left = left - len(data)
+            return b""
+        self._skip_left = 0
+        if data[left - 1] != 0:
+            raise FrameError("missing NUL after body", detail="after an oversized frame")
+        return data[left:]
 
     def _may_complete(self) -> bool:
         """False if the buffered incomplete frame certainly is still incomplete (limits checked)."""
@@ -576,6 +642,8 @@ class FrameDecoder:
             if buf.find(b"\0", self._scan, stop) >= 0:
                 return True
             if n >= stop:
+                if self._oversized:
+                    return True  # _parse hands it on as Oversized
                 raise FrameError("frame too large", detail="no NUL within max_frame_bytes")
             self._scan = n
             return False
@@ -616,11 +684,11 @@ class FrameDecoder:
                 lines_from = first + 1
             else:  # from the start of the line that was incomplete at ``scan``
                 lines_from = buf.rfind(b"\n", start, scan) + 1
-            if self._nl - 1 > limits.max_header_count:
+            if self._nl - 1 > limits.max_header_count and not self._oversized:
                 raise FrameError("too many headers", detail=f"more than {limits.max_header_count}")
             max_line = limits.max_header_line_bytes
             lines = buf[lines_from:n].split(b"\n")  # the last one is incomplete
-            if max(map(len, lines)) > max_line and (
+            if not self._oversized and max(map(len, lines)) > max_line and (
                 len(lines[-1]) > max_line + 1  # + 1: it may end with the CR of a CRLF
                 or any(len(line) - line.endswith(b"\r") > max_line for line in lines[:-1])
             ):
@@ -729,7 +797,16 @@ class FrameDecoder:
                     if nul >= 0:
                         raise _nul_in_headers()
                     if n >= stop:
-                        raise FrameError("frame too large", detail="no NUL within max_frame_bytes")
+                        detail = "no NUL within max_frame_bytes"
+                        if not self._oversized:
+                            raise FrameError("frame too large", detail=detail)
+                        append(self._skipped(command, headers, detail))
+                        nul = buf.find(b"\0", stop)
+                        if nul < 0:
+                            self._skip_nul = True
+                            return
+                        pos = nul + 1
+                        continue
                     self._stash(buf, start, _BODY_NUL)
                     self._scan = n - start
                     return
@@ -740,7 +817,17 @@ class FrameDecoder:
                     raise _nul_in_headers()
                 end = body_start + length
                 if end + 1 - start > max_frame:
-                    raise FrameError("frame too large", detail=f"content-length {length}")
+                    detail = f"content-length {length}"
+                    if not self._oversized:
+                        raise FrameError("frame too large", detail=detail)
+                    append(self._skipped(command, headers, detail))
+                    if end >= n:
+                        self._skip_left = end + 1 - n
+                        return
+                    if buf[end] != 0:
+                        raise FrameError("missing NUL after body", detail=detail)
+                    pos = end + 1
+                    continue
                 if end >= n:
                     self._stash(buf, start, _BODY_LEN)
                     self._need = end + 1 - start
@@ -754,15 +841,29 @@ class FrameDecoder:
             # one would see other frame boundaries than the proxy did).
             keep = keep_wire and pos - start <= MAX_WIRE_KEPT and (
                 length is None or buf.count(b"\ncontent-length:", start, head_end) == 1)
-            append(Frame(command, headers, body, buf[start:pos] if keep else None))
+            if self._violation is None:
+                append(Frame(command, headers, body, buf[start:pos] if keep else None))
+            else:
+                (reason, detail), self._violation = self._violation, None
+                append(Oversized(Frame(command, headers, body), reason, detail, True))
         if pos < n:
             self._stash(buf, pos, _HEAD)
             self._scan = 0
             self._nl = 0
 
+    def _skipped(self, command: str, headers: list[tuple[str, str]], detail: str) -> Oversized:
+        """The Oversized item of a frame whose body is skipped (over max_frame_bytes)."""
+        self._violation = None  # the size is what it is handed on for
+        return Oversized(Frame(command, headers), "frame too large", detail, False)
+
     def _parse_head(self, raw: bytes) -> tuple[str, list[tuple[str, str]], int | None]:
-        """Command and headers from the header block (without its final EOL)."""
+        """Command and headers from the header block (without its final EOL).
+
+        With ``oversized``, too many headers or a header line too long are recorded in
+        ``_violation`` (the frame is then handed on as Oversized) instead of raised.
+        """
         limits = self._limits
+        self._violation = None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -776,12 +877,20 @@ class FrameDecoder:
             return command, [], None
         lines = rest.split("\n")
         if len(lines) > limits.max_header_count:
-            raise FrameError("too many headers", detail=f"more than {limits.max_header_count}")
+            error = FrameError("too many headers", detail=f"more than {limits.max_header_count}")
+            if not self._oversized:
+                raise error
+            self._violation = (error.reason, error.detail)
         max_line = limits.max_header_line_bytes
         if len(raw) > max_line:  # only then can a single line be too long
             for raw_line in raw.split(b"\n")[1:]:
                 if len(raw_line) - raw_line.endswith(b"\r") > max_line:
-                    raise FrameError("header line too long", detail=f"more than {max_line} bytes")
+                    error = FrameError("header line too long",
+                                       detail=f"more than {max_line} bytes")
+                    if not self._oversized:
+                        raise error
+                    self._violation = self._violation or (error.reason, error.detail)
+                    break
         # Split every line at its first colon in C; drop (and then report) lines without a colon
         # or with an empty name.
         headers = [(name, value)

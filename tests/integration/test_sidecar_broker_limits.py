@@ -39,6 +39,9 @@ MAX_FRAME = 64 * 1024
 MAX_HEADERS = 128
 MAX_LINE = 8192
 
+#: mqguard's dead-letter address for the queues under "dla.".
+DLA = "undeliverable.DLA"
+
 #: Reads what the sidecar writes without limits of its own getting in the way.
 _READ_LIMITS = FrameLimits(max_frame_bytes=64 * 1024 * 1024, max_header_count=100_000,
                            max_header_line_bytes=16 * 1024 * 1024)
@@ -54,6 +57,8 @@ def sidecar_config(tmp_path: Path) -> MqguardConfig:
                         "max-header-line-bytes": MAX_LINE, "connect-timeout-ms": 5000,
                         "drain-timeout-ms": 1000},
         },
+        # Queues under "dla." have a dead-letter address; the others none (Artemis's default).
+        "address-settings": {"dla.#": {"dead-letter-address": DLA}},
     })
 
 
@@ -75,13 +80,14 @@ def proxy(broker: tuple[str, ServerHandle], tmp_path: Path,
 class Client:
     """A STOMP 1.2 client made of a bare socket, reading with generous limits."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, version: str = "1.2") -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5.0)
         self.decoder = FrameDecoder(commands=SERVER_COMMANDS, limits=_READ_LIMITS,
                                     version="1.2")
         self.frames: list[Frame] = []
         self.closed = False
-        self.send(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\0")
+        self.send(f"CONNECT\naccept-version:{version}\nhost:/\nlogin:guest\npasscode:guest\n\n\0"
+                  .encode())
         got = self.wait(lambda frames: bool(frames))
         assert got[0].command == "CONNECTED", got
 
@@ -109,6 +115,24 @@ class Client:
                             if isinstance(item, Frame)]
         assert until(self.frames), (f"timed out; closed={self.closed}, frames: "
                                     f"{[(f.command, f.get('message')) for f in self.frames]}")
+        return self.frames
+
+    def read_for(self, seconds: float) -> list[Frame]:
+        """Every frame read so far, after reading for ``seconds`` (or until closed)."""
+        deadline = time.monotonic() + seconds
+        while not self.closed and (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(min(left, 0.2))
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            self.frames += [item for item in self.decoder.feed(chunk)
+                            if isinstance(item, Frame)]
         return self.frames
 
     def messages(self) -> list[Frame]:
@@ -174,8 +198,7 @@ def assert_delivered_and_healthy(proxy: SidecarThread, queue: str,
     try:
         later.send(f"SUBSCRIBE\nid:s2\ndestination:/queue/{queue}\nack:client-individual\n"
                    f"\n\0".encode())
-        time.sleep(2.0)
-        later.wait(lambda fs: True, timeout=0.5)
+        later.read_for(2.0)
         assert later.messages() == [], [f.headers[:5] for f in later.messages()]
         assert not later.closed
     finally:
@@ -249,11 +272,134 @@ def test_send_over_the_brokers_header_line_limit_is_refused_at_send(
     consumer = Client(proxy.port)
     try:
         consumer.send(f"SUBSCRIBE\nid:s\ndestination:/queue/{queue}\nack:auto\n\n\0".encode())
-        time.sleep(1.5)
-        consumer.wait(lambda fs: True, timeout=0.5)
+        consumer.read_for(1.5)
         assert consumer.messages() == []
     finally:
         consumer.close()
     proxy.sidecar.guard.events.flush()
     types = [e["type"] for e in read_events(tmp_path / "events")]
     assert "sent" not in types, types
+
+
+# -- messages put on the queue behind the sidecar's back -------------------------------------
+#
+# The broker leg's limits admit whatever the client leg admits, so only a producer that
+# bypasses the sidecar can put a MESSAGE over them on a queue. It must not end the session
+# of the consumer it reaches (it would come back to every consumer, forever): it is
+# dead-lettered, and the consumer goes on.
+
+def broker_port(broker: tuple[str, ServerHandle]) -> int:
+    return int(broker[1].urls["stomp"].rsplit(":", 1)[1].strip("/"))
+
+
+def send_direct(broker: tuple[str, ServerHandle], queue: str, data: bytes) -> None:
+    """``data`` (a SEND with receipt "direct") straight to the broker, confirmed."""
+    direct = Client(broker_port(broker))
+    try:
+        direct.send(data)
+        direct.wait(lambda fs: any(f.get("receipt-id") == "direct" or f.command == "ERROR"
+                                   for f in fs))
+        assert [f.command for f in direct.frames[1:]] == ["RECEIPT"], direct.frames[1:]
+    finally:
+        direct.close()
+
+
+def drain_direct(broker: tuple[str, ServerHandle], queue: str, wait: float = 2.0
+                 ) -> list[Frame]:
+    """Every message on ``queue``, consumed straight from the broker (auto ack)."""
+    direct = Client(broker_port(broker))
+    try:
+        direct.send(f"SUBSCRIBE\nid:d\ndestination:/queue/{queue}\nack:auto\n\n\0".encode())
+        direct.read_for(wait)
+        return direct.messages()
+    finally:
+        direct.close()
+
+
+def consume_around(proxy: SidecarThread, broker: tuple[str, ServerHandle], queue: str,
+                   bad: bytes) -> None:
+    """``bad`` is put on ``queue`` behind the sidecar's back, then a good message: a consumer
+    through the sidecar gets the good one only, and keeps its session."""
+    send_direct(broker, queue, bad)
+    send_direct(broker, queue, send_frame(queue, "direct", [("persistent", "true")], b"good"))
+    consumer = Client(proxy.port)
+    try:
+        consumer.send(f"SUBSCRIBE\nid:s1\ndestination:/queue/{queue}\nack:client-individual\n"
+                      f"\n\0".encode())
+        got = consumer.wait(lambda fs: any(f.command in ("MESSAGE", "ERROR") for f in fs))
+        assert [(f.command, f.body) for f in got[1:]] == [("MESSAGE", b"good")], [
+            (f.command, f.get("message"), f.body[:200]) for f in got[1:]]
+        consumer.send(f"ACK\nid:{got[1].get('ack')}\nreceipt:a\n\n\0".encode())
+        consumer.wait(lambda fs: any(f.get("receipt-id") == "a" for f in fs))
+        # Still the same session: a later message reaches it.
+        consumer.send(send_frame(queue, "later", [], b"later"))
+        consumer.wait(lambda fs: any(f.body == b"later" for f in fs))
+        assert not consumer.closed
+        later = consumer.messages()[-1]
+        consumer.send(f"ACK\nid:{later.get('ack')}\nreceipt:b\n\n\0".encode())
+        consumer.wait(lambda fs: any(f.get("receipt-id") == "b" for f in fs))
+    finally:
+        consumer.close()
+    # Not redelivered to anyone: the queue is empty.
+    assert drain_direct(broker, queue) == []
+
+
+def dead_letter_events(proxy: SidecarThread, tmp_path: Path) -> list[dict[str, object]]:
+    proxy.sidecar.guard.events.flush()
+    events = list(read_events(tmp_path / "events"))
+    return [e for e in events if e["type"] in ("dead_lettered", "delivery_dropped")]
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_a_body_over_the_broker_leg_is_rejected_to_the_brokers_dead_letter_handling(
+        proxy: SidecarThread, broker: tuple[str, ServerHandle], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    queue = f"limits-huge-{uuid.uuid4().hex[:8]}"
+    body = b"h" * (proxy.sidecar.broker_limits.max_frame_bytes + 1000)
+    consume_around(proxy, broker, queue, send_frame(
+        queue, "direct", [("persistent", "true"), ("x-kind", "huge")], body))
+    [event] = dead_letter_events(proxy, tmp_path)
+    assert event["type"] == "dead_lettered" and event["queue"] == queue
+    assert "frame too large" in str(event["reason"]) and "NACK" in str(event["reason"])
+    assert any("rejected to the broker's own dead-letter handling" in r.getMessage()
+               and r.levelno == logging.WARNING for r in caplog.records)
+    if broker[0] == "activemq":
+        # ActiveMQ takes a NACK as a poison ack: its dead-letter queue has it, body and all.
+        moved = [m for m in drain_direct(broker, "ActiveMQ.DLQ") if m.get("x-kind") == "huge"]
+        assert [len(m.body) for m in moved] == [len(body)]
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_too_many_headers_go_to_the_dead_letter_address(
+        proxy: SidecarThread, broker: tuple[str, ServerHandle], tmp_path: Path) -> None:
+    queue = f"dla.limits-heads-{uuid.uuid4().hex[:8]}"
+    count = proxy.sidecar.broker_limits.max_header_count + 10
+    headers = [("persistent", "true"), *((f"x-h{i}", f"v{i}") for i in range(count))]
+    consume_around(proxy, broker, queue, send_frame(queue, "direct", headers, b"wide"))
+    [event] = dead_letter_events(proxy, tmp_path)
+    assert (event["type"], event["queue"], event["target"]) == ("dead_lettered", queue, DLA)
+    assert "too many headers" in str(event["reason"])
+    [copy] = drain_direct(broker, DLA)
+    assert copy.body == b"wide"
+    assert copy.get("x-h0") == "v0" and copy.get(f"x-h{count - 1}") == f"v{count - 1}"
+    assert copy.get("_AMQ_ORIG_QUEUE") == queue
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_without_a_dead_letter_address_the_broker_takes_it_back_unrequeued(
+        proxy: SidecarThread, broker: tuple[str, ServerHandle], tmp_path: Path) -> None:
+    queue = f"limits-wide-{uuid.uuid4().hex[:8]}"
+    line = proxy.sidecar.broker_limits.max_header_line_bytes + 100
+    value = "w" * (line if broker[0] == "rabbitmq" else 10_000)
+    if broker[0] == "activemq":
+        # ActiveMQ refuses a STOMP header line over 10,240 octets: too many headers instead.
+        headers = [("persistent", "true"),
+                   *((f"x-h{i}", "v") for i in range(
+                       proxy.sidecar.broker_limits.max_header_count + 10))]
+    else:
+        headers = [("persistent", "true"), ("x-wide", value)]
+    consume_around(proxy, broker, queue, send_frame(queue, "direct", headers, b"no dla"))
+    [event] = dead_letter_events(proxy, tmp_path)
+    assert event["type"] == "dead_lettered" and event.get("target") is None
+    assert "no dead-letter-address" in str(event["reason"])
+    assert "NACK" in str(event["reason"])

@@ -12,12 +12,14 @@ from mqguard.sidecar.frames import (
     BROKER_ADDED_HEADERS,
     BROKER_LINE_BYTES,
     BROKER_STOMP_LIMITS,
+    HEARTBEAT,
     MQGUARD_ADDED_HEADERS,
     SERVER_COMMANDS,
     Frame,
     FrameDecoder,
     FrameError,
     FrameLimits,
+    Oversized,
     broker_leg_limits,
     encode,
     send_refusal,
@@ -154,3 +156,75 @@ def test_with_plain_header_adds_the_first_header() -> None:
     [frame] = [f for f in FrameDecoder().feed(framed) if isinstance(f, Frame)]
     assert frame.headers[0] == ("receipt", "mqguard-r-7")
     assert frame.get("a") == "b:c" and frame.body == b"x\0y"
+
+
+# -- a decoder that hands frames over the limits on (the broker leg's) ---------------------
+
+SMALL = FrameLimits(max_frame_bytes=200, max_header_count=4, max_header_line_bytes=40)
+
+
+def items_of(data: bytes, chunk: int | None = None) -> list[object]:
+    decoder = FrameDecoder(limits=SMALL, commands=SERVER_COMMANDS, oversized=True)
+    if chunk is None:
+        return [item for item in decoder.feed(data) if item is not HEARTBEAT]
+    out: list[object] = []
+    for at in range(0, len(data), chunk):
+        out += [item for item in decoder.feed(data[at:at + chunk]) if item is not HEARTBEAT]
+    assert decoder.buffered == 0
+    return out
+
+
+def summary(items: list[object]) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    for item in items:
+        if isinstance(item, Oversized):
+            out.append(("oversized", item.reason, item.frame.get("ack"), item.body_kept,
+                        len(item.frame.body)))
+        else:
+            assert isinstance(item, Frame)
+            out.append((item.command, item.get("ack"), item.body))
+    return out
+
+
+AFTER = b"MESSAGE\nack:after\n\nnext\0\n"
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 7, 64])
+@pytest.mark.parametrize("framing", ["content-length", "nul"])
+def test_a_body_over_max_frame_is_skipped_and_decoding_goes_on(chunk: int | None,
+                                                               framing: str) -> None:
+    body = b"b" * 1000
+    length = f"content-length:{len(body)}\n" if framing == "content-length" else ""
+    data = f"MESSAGE\nack:big\n{length}\n".encode() + body + b"\0\n" + AFTER
+    assert summary(items_of(data, chunk)) == [
+        ("oversized", "frame too large", "big", False, 0), ("MESSAGE", "after", b"next")]
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 5])
+def test_too_many_headers_or_a_long_line_keep_the_body(chunk: int | None) -> None:
+    many = b"MESSAGE\nack:many\na:1\nb:2\nc:3\nd:4\n\nbody\0"
+    wide = b"MESSAGE\nack:wide\nx:" + b"y" * 60 + b"\n\nbody\0"
+    assert summary(items_of(many + wide + AFTER, chunk)) == [
+        ("oversized", "too many headers", "many", True, 4),
+        ("oversized", "header line too long", "wide", True, 4),
+        ("MESSAGE", "after", b"next")]
+
+
+def test_without_oversized_the_same_frames_fail() -> None:
+    for data in (b"MESSAGE\nack:many\na:1\nb:2\nc:3\nd:4\n\nbody\0",
+                 b"MESSAGE\ncontent-length:1000\n\n" + b"b" * 1000 + b"\0"):
+        with pytest.raises(FrameError):
+            FrameDecoder(limits=SMALL, commands=SERVER_COMMANDS).feed(data)
+
+
+def test_a_skipped_body_without_its_nul_is_still_an_error() -> None:
+    decoder = FrameDecoder(limits=SMALL, commands=SERVER_COMMANDS, oversized=True)
+    decoder.feed(b"MESSAGE\ncontent-length:300\n\n" + b"b" * 100)
+    with pytest.raises(FrameError, match="missing NUL"):
+        decoder.feed(b"b" * 200 + b"X")
+
+
+def test_a_header_block_over_max_head_bytes_still_fails() -> None:
+    decoder = FrameDecoder(limits=SMALL, commands=SERVER_COMMANDS, oversized=True)
+    with pytest.raises(FrameError, match="headers too large"):
+        decoder.feed(b"MESSAGE\n" + b"h:v\n" * 100)
