@@ -957,10 +957,18 @@ class Guard:
                         scheduled_delivery=now_ms() + delay_ms if delay_ms > 0 else 0)
         try:
             adapter.send(again)
-        except Exception:
-            log.exception("redelivery of %s on %s through the broker's scheduler failed; left "
-                          "unacknowledged, the broker redelivers it", message.message_id,
-                          ctx.queue)
+        except Exception as exc:
+            if not adapter.can_settle(delivery):
+                # Its connection ended first (the broker went away, or a sidecar session
+                # ended without a DISCONNECT): an outcome of the network, not a fault here.
+                log.warning("redelivery of %s on %s through the broker's scheduler not "
+                            "arranged: the connection ended first (%s); the broker "
+                            "redelivers it without the delay", message.message_id,
+                            ctx.queue, exc)
+            else:
+                log.exception("redelivery of %s on %s through the broker's scheduler failed; "
+                              "left unacknowledged, the broker redelivers it",
+                              message.message_id, ctx.queue)
             return
         try:
             adapter.ack(delivery)

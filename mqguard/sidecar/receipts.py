@@ -65,6 +65,26 @@ class ReceiptChain:
         self._entries.append(entry)
         self._release()
 
+    def hold(self, client_receipt: str | None = None) -> Callable[[], None]:
+        """An entry for work the sidecar finishes on its own, off the chain: a delayed
+        re-send the guard deferred waits for a RECEIPT of the leg's, not the chain's. Every
+        later receipt -- and the DISCONNECT, which waits for an empty chain -- follows it,
+        so the broker never sees a DISCONNECT ahead of that work.
+
+        Returns the function that confirms the entry (loop thread only). A second call,
+        or one after :meth:`fail_all`, does nothing.
+        """
+        entry = _Entry("", client_receipt, None, None)
+        self._entries.append(entry)
+
+        def release() -> None:
+            if entry.done:
+                return
+            entry.done = True
+            self._release()  # a no-op for an entry fail_all already took away
+
+        return release
+
     def owns(self, receipt_id: str) -> bool:
         return receipt_id in self._by_id
 
