@@ -42,6 +42,7 @@ redelivery, which is then counted as at least the second.
 from __future__ import annotations
 
 import logging
+import math
 import random
 
 from pydantic import Field
@@ -75,25 +76,41 @@ class DeliveryCountingOptions(PluginOptions):
 
 def redelivery_delay(settings: AddressSettings, delivery_count: int,
                      rng: random.Random | None = None) -> int:
-    """Artemis ``QueueImpl.calculateRedeliveryDelay``, in ms.
+    """Artemis ``QueueImpl.calculateRedeliveryDelay``, in ms, with Java's arithmetic.
 
-    ``redelivery-delay * multiplier^(count-1)``; with a collision-avoidance
-    factor f the delay is moved by up to ±f of itself at random; then capped
-    at ``max-redelivery-delay``.
+    ``redelivery-delay * multiplier^(count-1)``, truncated to whole ms; with a
+    collision-avoidance factor f the delay is moved by up to ±f of itself at random and
+    truncated again; then capped at ``max-redelivery-delay`` (0 included).
     """
     base = settings.redelivery_delay
     if base <= 0:
         return 0
     exponent = max(0, delivery_count - 1)
-    delay = float(base) * settings.redelivery_delay_multiplier ** exponent
+    try:
+        growth = settings.redelivery_delay_multiplier ** exponent
+    except OverflowError:
+        # Java's Math.pow gives Infinity; with unlimited attempts the count grows forever.
+        growth = math.inf
+    delay = _java_long(base * growth)
     factor = settings.redelivery_collision_avoidance_factor
     if factor > 0:
         draw = rng or random
         variance = (factor if draw.random() < 0.5 else -factor) * draw.random()
-        delay += delay * variance
+        delay = _java_long(delay + delay * variance)
     # Unconditional, as in Artemis: an explicit cap of 0 means "redeliver at once"; an
     # unset cap was resolved to 10 x redelivery-delay with the settings.
-    return int(min(delay, settings.max_redelivery_delay))
+    return min(delay, settings.max_redelivery_delay)
+
+
+_LONG_MAX = 2**63 - 1
+
+
+def _java_long(value: float) -> int:
+    """Java's ``(long)`` cast of a non-negative double: truncated, saturating at
+    ``Long.MAX_VALUE`` (so an overflowing delay is simply capped, never an error)."""
+    if value != value:  # NaN: Java gives 0
+        return 0
+    return _LONG_MAX if value >= _LONG_MAX else int(value)
 
 
 def unlimited(settings: AddressSettings) -> bool:

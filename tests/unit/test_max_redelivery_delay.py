@@ -63,3 +63,35 @@ def test_config_show_prints_the_explicit_zero(tmp_path: Path) -> None:
     shown = json.loads(runner.invoke(main, ["config", "show", "r", "-c", str(path)],
                                      catch_exceptions=False).output)
     assert shown["settings"]["max_redelivery_delay"] == 10_000
+
+
+class _Draws:
+    """A stand-in for random.Random that returns fixed draws, in order."""
+
+    def __init__(self, *values: float) -> None:
+        self._values = list(values)
+
+    def random(self) -> float:
+        return self._values.pop(0)
+
+
+def test_delay_truncates_like_java_before_and_after_the_variance() -> None:
+    # Artemis: (long)(3 * 1.5) = 4; then 4 + 4 * 0.495 = 5.98 -> 5. Keeping the fraction
+    # until the end would give 4.5 * 1.495 = 6.7 -> 6.
+    settings = AddressSettings(redelivery_delay=3, redelivery_delay_multiplier=1.5,
+                               redelivery_collision_avoidance_factor=0.5,
+                               max_redelivery_delay=1000)
+    assert redelivery_delay(settings, 2, _Draws(0.1, 0.99)) == 5  # type: ignore[arg-type]
+    assert redelivery_delay(settings, 2, _Draws(0.9, 0.5)) == 3  # 4 - 1.0
+    assert redelivery_delay(settings, 1, _Draws(0.1, 0.0)) == 3
+
+
+def test_a_huge_delivery_count_is_capped_not_an_overflow() -> None:
+    # Unlimited attempts: the count keeps growing, multiplier^(count-1) overflows a double.
+    settings = AddressSettings(redelivery_delay=100, redelivery_delay_multiplier=2.0,
+                               redelivery_collision_avoidance_factor=0.3,
+                               max_delivery_attempts=-1, max_redelivery_delay=60_000)
+    assert redelivery_delay(settings, 5000) == 60_000
+    assert redelivery_delay(AddressSettings(redelivery_delay=100,
+                                            redelivery_delay_multiplier=2.0,
+                                            max_redelivery_delay=0), 5000) == 0
