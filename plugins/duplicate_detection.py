@@ -17,8 +17,18 @@ Semantics follow ActiveMQ Artemis (``PostOfficeImpl.checkDuplicateID``,
   duplicate makes the transaction rollback-only and COMMIT fails with
   ``DUPLICATE_ID_REJECTED``. ABORT adds nothing.
 * ``_AMQ_BRIDGE_DUP`` is checked first, against the separate cache
-  ``BRIDGE.<address>``, with an immediate check-and-add; when present,
-  ``_AMQ_DUPL_ID`` is not checked.
+  ``BRIDGE.<address>``, with an immediate check-and-add (Artemis
+  ``atomicVerify``, in a transaction too); when present, ``_AMQ_DUPL_ID`` is not
+  checked. ``BRIDGE.<address>`` is a cache of its own: its size is the
+  ``id-cache-size`` of the address settings matching ``BRIDGE.<address>``
+  (Artemis ``PostOfficeImpl.getDuplicateIDCache``), not ``<address>``'s, so bridge
+  ids are checked even where ``<address>`` turns detection off.
+* Every id a transaction reserved, of both kinds, is confirmed when its COMMIT is
+  confirmed and released when it rolls back, is aborted or fails (Artemis
+  ``AddDuplicateIDOperation.beforeRollback`` -> ``deleteFromCache``), so a committed
+  bridge id is never left "in flight" and a rolled-back one never blocks the retry.
+
+Where this differs from Artemis on purpose, see docs/artemis-compat.md.
 
 Two-phase ids (where mqguard cannot be Artemis): Artemis adds an id to the cache in
 the same storage transaction as the message, so a send that fails adds nothing. Here the
@@ -86,11 +96,22 @@ def bridge_cache_name(address: str) -> str:
 class _StagedTransaction:
     """Ids sent inside one transaction, per cache, in order."""
 
+    #: ``_AMQ_DUPL_ID`` digests per address: reserved only at COMMIT.
     ids: dict[str, list[bytes]] = field(default_factory=dict)
     capacity: dict[str, int] = field(default_factory=dict)
     duplicate_ids: dict[bytes, str] = field(default_factory=dict)
     #: Caches whose ids were reserved at COMMIT (released again if the COMMIT fails).
     reserved: list[str] = field(default_factory=list)
+    #: ``_AMQ_BRIDGE_DUP`` digests per ``BRIDGE.<address>`` cache, reserved when sent (as
+    #: Artemis adds them at once): confirmed at COMMIT, released on rollback.
+    bridge: dict[str, list[bytes]] = field(default_factory=dict)
+    bridge_capacity: dict[str, int] = field(default_factory=dict)
+    bridge_ids: dict[tuple[str, bytes], str] = field(default_factory=dict)
+
+
+#: Open transactions are told apart by sender and transaction id: sidecar clients choose
+#: their own transaction ids, and two connections may both use ``tx1``.
+_TxKey = tuple[str | None, str]
 
 
 class DuplicateDetectionOptions(PluginOptions):
@@ -115,7 +136,7 @@ class DuplicateDetectionPlugin:
     def __init__(self) -> None:
         self.extra_headers: tuple[str, ...] = ()
         self.pending_ms = DuplicateDetectionOptions().pending_timeout_ms
-        self._staged: dict[str, _StagedTransaction] = {}
+        self._staged: dict[_TxKey, _StagedTransaction] = {}
         # (cache, digest) -> sender, for reservations of senders with ordered confirmations.
         self._held: dict[tuple[str, bytes], str] = {}
         self._lock = threading.Lock()
@@ -146,15 +167,28 @@ class DuplicateDetectionPlugin:
                 return value
         return None
 
+    @staticmethod
+    def _bridge_capacity(ctx: HookContext, address: str) -> int:
+        """``id-cache-size`` of ``BRIDGE.<address>``: the settings matching that name, not
+        ``address``'s (Artemis ``resolveIdCacheSize(BRIDGE.<address>)``)."""
+        return ctx.guard.settings.resolve(bridge_cache_name(address)).id_cache_size
+
     @hookimpl(trylast=True)
     def before_send(self, message: Message, ctx: HookContext) -> Verdict | None:
+        bridge_id = message.headers.get(BRIDGE_DUPLICATE_ID_HEADER)
+        if bridge_id is not None:
+            # Artemis: with a bridge id present _AMQ_DUPL_ID is not looked at, even when the
+            # bridge cache is off (size 0: a NoOp cache).
+            capacity = self._bridge_capacity(ctx, message.address)
+            if capacity == 0:
+                return None
+            if ctx.transaction is not None:
+                return self._stage_bridge(message, ctx, bridge_id, capacity)
+            return self._check_now(message, ctx, bridge_cache_name(message.address), bridge_id,
+                                   capacity)
         capacity = ctx.settings.id_cache_size
         if capacity == 0:
             return None
-        bridge_id = message.headers.get(BRIDGE_DUPLICATE_ID_HEADER)
-        if bridge_id is not None:
-            return self._check_now(message, ctx, bridge_cache_name(message.address), bridge_id,
-                                   capacity)
         duplicate_id = self.duplicate_id_of(message)
         if duplicate_id is None:
             return None
@@ -241,11 +275,18 @@ class DuplicateDetectionPlugin:
             f"not confirmed yet; retry (a sender silent for {self.pending_ms} ms is taken "
             f"over)", event=IN_FLIGHT_EVENT)
 
-    def _cache_key(self, message: Message) -> tuple[str, bytes] | None:
+    def _cache_key(self, message: Message, ctx: HookContext) -> tuple[str, bytes] | None:
         """The cache and digest ``before_send`` reserved for ``message``, if any."""
         bridge_id = message.headers.get(BRIDGE_DUPLICATE_ID_HEADER)
         if bridge_id is not None:
+            if len(bridge_id) > MAX_ID_LENGTH or self._bridge_capacity(ctx,
+                                                                       message.address) == 0:
+                return None
             return bridge_cache_name(message.address), id_digest(bridge_id)
+        settings = (ctx.settings if ctx.address == message.address
+                    else ctx.guard.settings.resolve(message.address))
+        if settings.id_cache_size == 0:
+            return None
         duplicate_id = self.duplicate_id_of(message)
         if duplicate_id is None or len(duplicate_id) > MAX_ID_LENGTH:
             return None
@@ -256,19 +297,16 @@ class DuplicateDetectionPlugin:
     def after_send(self, message: Message, ctx: HookContext) -> None:
         # A transaction's ids are confirmed together in transaction_ended, a batch's in
         # after_send_batch.
-        if ctx.batch or ctx.transaction is not None or ctx.settings.id_cache_size == 0:
+        if ctx.batch or ctx.transaction is not None:
             return
-        if (key := self._cache_key(message)) is not None:
+        if (key := self._cache_key(message, ctx)) is not None:
             self._settled(*key)
             self._confirmations.owe(ctx.store, *key)
 
     @hookimpl
     def after_send_batch(self, messages: list[Message], ctx: HookContext) -> None:
         """Confirm the batch's reserved ids: one lock for all, not one per message."""
-        resolve = ctx.guard.settings.resolve
-        keys = [key for message in messages
-                if resolve(message.address).id_cache_size != 0
-                and (key := self._cache_key(message)) is not None]
+        keys = [key for message in messages if (key := self._cache_key(message, ctx)) is not None]
         if not keys:
             return
         if self._held:
@@ -282,9 +320,9 @@ class DuplicateDetectionPlugin:
                           exception: BaseException) -> None:
         # The broker may or may not have the message; releasing lets a retry through, which
         # at worst sends it twice (the consumer audit's business) instead of losing it.
-        if ctx.transaction is not None or ctx.settings.id_cache_size == 0:
-            return
-        if (key := self._cache_key(message)) is not None:
+        if ctx.transaction is not None:
+            return  # released, with the rest of the transaction, in transaction_ended
+        if (key := self._cache_key(message, ctx)) is not None:
             self._settled(*key)
             self._release(ctx.store, key[0], [key[1]])
 
@@ -331,13 +369,19 @@ class DuplicateDetectionPlugin:
         digest = id_digest(duplicate_id)
         assert ctx.transaction is not None
         with self._lock:
-            staged = self._staged.setdefault(ctx.transaction, _StagedTransaction())
+            staged = self._staged.setdefault((ctx.sender, ctx.transaction),
+                                             _StagedTransaction())
             in_tx = digest in staged.duplicate_ids
         found = RingOutcome.NEW
         if not in_tx:
             # What this guard sent and the broker confirmed counts as confirmed here.
             self._confirm_owed(ctx.store, message.address)
             found = ctx.store.ring_lookup(message.address, [digest], self.pending_ms)[0]
+            if (found is RingOutcome.IN_FLIGHT and ctx.sender is not None
+                    and self._held.get((message.address, digest)) == ctx.sender):
+                # The same ordered stream as the unconfirmed send (see _reserve): if that send
+                # fails, so does this transaction's COMMIT, which comes after it.
+                found = RingOutcome.DUPLICATE
         if found is RingOutcome.IN_FLIGHT:
             return self._in_flight(message.address, duplicate_id)
         if in_tx or found is RingOutcome.DUPLICATE:
@@ -353,12 +397,79 @@ class DuplicateDetectionPlugin:
             staged.duplicate_ids[digest] = duplicate_id
         return None
 
+    def _stage_bridge(self, message: Message, ctx: HookContext, bridge_id: str,
+                      capacity: int) -> Verdict | None:
+        """A bridge id inside a transaction: reserved at once (Artemis ``atomicVerify`` adds
+        it to the cache at once) and remembered, so that the end of the transaction confirms
+        it (COMMIT) or releases it (rollback, ABORT, a failed COMMIT, a lost connection)."""
+        if (refusal := self._too_long(bridge_id)) is not None:
+            return refusal
+        assert ctx.transaction is not None
+        cache, digest = bridge_cache_name(message.address), id_digest(bridge_id)
+        with self._lock:
+            staged = self._staged.setdefault((ctx.sender, ctx.transaction),
+                                             _StagedTransaction())
+            in_tx = (cache, digest) in staged.bridge_ids
+        outcome = RingOutcome.DUPLICATE
+        if not in_tx:
+            # No sender: the same-sender rule (a repeat shares the first send's fate) does not
+            # hold here, where the first send's fate is the COMMIT's, not its receipt's.
+            (outcome,) = self._reserve(ctx.store, cache, [digest], capacity)
+        if outcome is RingOutcome.IN_FLIGHT:
+            return self._in_flight(cache, bridge_id)
+        if outcome is RingOutcome.DUPLICATE:
+            # Artemis rolls the transaction back (checkBridgeDuplicateID); here it becomes
+            # rollback-only and its COMMIT fails, which sends nothing of it either.
+            where = "this transaction" if in_tx else f"the cache of {cache}"
+            log.warning("Duplicate bridge id in transaction %s - transaction is rollback-only: "
+                        "address=%s bridge_id=%r", ctx.transaction, message.address, bridge_id)
+            return Verdict.reject(f"{TX_ERROR_CODE}: duplicate id {bridge_id!r} already in "
+                                  f"{where}", event=DUPLICATE_EVENT)
+        with self._lock:
+            staged.bridge.setdefault(cache, []).append(digest)
+            staged.bridge_capacity[cache] = capacity
+            staged.bridge_ids[(cache, digest)] = bridge_id
+        return None
+
+    def _recheck_bridge(self, staged: _StagedTransaction, transaction: str,
+                        ctx: HookContext) -> Verdict | None:
+        """At COMMIT, the transaction's bridge ids once more. A reservation carries no owner,
+        so an open transaction's reservation older than pending-timeout-ms may have been
+        taken over; if that sender's copy was confirmed meanwhile, this one must not go."""
+        for cache, digests in staged.bridge.items():
+            # NEW: ours had gone stale (or was overwritten) and is reserved again; IN_FLIGHT:
+            # ours, or a taker's whose fate is not known yet (let through, as before).
+            found = self._reserve(ctx.store, cache, digests, staged.bridge_capacity[cache])
+            for digest, outcome in zip(digests, found, strict=True):
+                if outcome is RingOutcome.DUPLICATE:
+                    bridge_id = staged.bridge_ids.get((cache, digest), "?")
+                    ctx.events.emit(DUPLICATE_EVENT, None, address=cache,
+                                    duplicate_id=bridge_id, transaction=transaction,
+                                    reason="committed meanwhile by another sender")
+                    return Verdict.reject(f"{TX_ERROR_CODE}: duplicate id {bridge_id!r} was "
+                                          f"committed to {cache} by another sender")
+        return None
+
+    def _staged_of(self, transaction: str, ctx: HookContext, *, pop: bool = False
+                   ) -> _StagedTransaction | None:
+        """The staged ids of ``transaction``, found by its sender and id. A caller that names
+        no sender at COMMIT/ABORT although its sends had one gets the one open transaction
+        of that id, if there is exactly one (an ambiguous id finds none)."""
+        with self._lock:
+            key: _TxKey = (ctx.sender, transaction)
+            if key not in self._staged and ctx.sender is None:
+                keys = [k for k in self._staged if k[1] == transaction]
+                if len(keys) == 1:
+                    key = keys[0]
+            return self._staged.pop(key, None) if pop else self._staged.get(key)
+
     @hookimpl
     def transaction_committing(self, transaction: str, ctx: HookContext) -> Verdict | None:
-        with self._lock:
-            staged = self._staged.get(transaction)
+        staged = self._staged_of(transaction, ctx)
         if staged is None:
             return None
+        if staged.bridge and (verdict := self._recheck_bridge(staged, transaction, ctx)):
+            return verdict
         # Re-check and add atomically per address: another producer may have
         # committed the same id since it was staged. (Addresses in different
         # Redis Cluster slots cannot share one script; see docs/duplicate-detection.md.)
@@ -383,16 +494,19 @@ class DuplicateDetectionPlugin:
 
     @hookimpl
     def transaction_ended(self, transaction: str, committed: bool, ctx: HookContext) -> None:
-        with self._lock:
-            staged = self._staged.pop(transaction, None)
+        """Confirm every id the transaction reserved (COMMIT confirmed by the broker), or
+        release them all (rolled back, aborted, COMMIT failed, connection gone): Artemis
+        ``AddDuplicateIDOperation.beforeRollback`` -> ``deleteFromCache``."""
+        staged = self._staged_of(transaction, ctx, pop=True)
         if staged is None:
             return
-        for address in staged.reserved:
+        reserved = [(address, staged.ids[address]) for address in staged.reserved]
+        reserved += staged.bridge.items()
+        for cache, digests in reserved:
             if committed:
-                for digest in staged.ids[address]:
-                    self._confirmations.owe(ctx.store, address, digest)
+                self._confirmations.owe_many(ctx.store, [(cache, d) for d in digests])
             else:
-                self._release(ctx.store, address, staged.ids[address])
+                self._release(ctx.store, cache, digests)
 
 
 class _Confirmations:
@@ -411,6 +525,8 @@ class _Confirmations:
     def __init__(self, flush_ms: int) -> None:
         self.flush_s = flush_ms / 1000
         self._owed: dict[str, list[bytes]] = {}
+        #: What the flush under way is sending (see :meth:`take`).
+        self._in_transit: dict[str, list[bytes]] = {}
         self._count = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -454,12 +570,16 @@ class _Confirmations:
             self._wake.set()
 
     def take(self, cache: str) -> list[bytes]:
+        """The confirmations owed to ``cache``, for a reservation to carry: also those a
+        flush is sending right now (confirming twice is harmless; a reservation that
+        overtook the flush would otherwise find a confirmed id still "in flight")."""
         with self._lock:
             owed = self._owed.pop(cache, None)
+            in_transit = self._in_transit.get(cache)
             if owed is None:
-                return []
+                return list(in_transit) if in_transit else []
             self._count -= len(owed)
-            return owed
+            return [*in_transit, *owed] if in_transit else owed
 
     def give_back(self, cache: str, digests: Sequence[bytes]) -> None:
         if not digests:
@@ -494,8 +614,17 @@ class _Confirmations:
             store = self._store
             # What is owed from now on wakes the flusher again.
             self._signalled = False
+            if store is not None:
+                self._in_transit = owed
         if store is None or not owed:
             return True
+        try:
+            return self._send(store, owed)
+        finally:
+            with self._lock:
+                self._in_transit = {}
+
+    def _send(self, store: Store, owed: dict[str, list[bytes]]) -> bool:
         ok = True
         for cache, digests in owed.items():
             try:
