@@ -114,6 +114,7 @@ from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeO
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
 from mqguard.message import Message, now_ms
+from mqguard.redact import AMBIGUOUS_USERINFO, userinfo_is_ambiguous
 from mqguard.registry import redact_url
 
 __all__ = ["MqttAdapter", "address_to_topic", "check_mqtt_string", "read_user_properties",
@@ -547,7 +548,12 @@ class MqttAdapter:
         tls_verify: bool = True,
     ) -> None:
         safe = redact_url(url)
-        parts = urlsplit(url)
+        if userinfo_is_ambiguous(url):
+            raise AdapterError(f"MQTT URL {safe!r}: {AMBIGUOUS_USERINFO}")
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # an unbalanced "[" or "]"
+            raise AdapterError(f"MQTT URL {safe!r} is not a valid URL") from None
         if parts.scheme not in DEFAULT_PORTS:
             raise AdapterError(f"MQTT adapter cannot use URL {safe!r}: scheme must be mqtt:// "
                                "or mqtts://")

@@ -130,6 +130,7 @@ from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeO
 from mqguard.errors import AdapterError, TransactionRolledBack
 from mqguard.jobthread import JobThread
 from mqguard.message import Message, now_ms, parse_wire_int
+from mqguard.redact import AMBIGUOUS_USERINFO, userinfo_is_ambiguous
 from mqguard.registry import redact_url
 
 __all__ = ["BROKER_CAPABILITIES", "PendingSends", "StompAdapter", "send_headers"]
@@ -565,7 +566,12 @@ class _Endpoint:
 
 def _parse_url(url: str) -> _Endpoint:
     safe = redact_url(url)
-    parts = urlsplit(url)
+    if userinfo_is_ambiguous(url):
+        raise AdapterError(f"STOMP URL {safe!r}: {AMBIGUOUS_USERINFO}")
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unbalanced "[" or "]"
+        raise AdapterError(f"STOMP URL {safe!r} is not a valid URL") from None
     if parts.scheme not in DEFAULT_PORTS:
         raise AdapterError(f"STOMP adapter cannot use URL {safe!r}: scheme must be stomp:// or "
                            "stomp+ssl://")

@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 from mqguard.adapter import Adapter
 from mqguard.errors import ConfigError
 
+# Re-exported: adapters and plugins import the URL masking from here.
+from mqguard.redact import redact_url as redact_url
+
 #: URL scheme -> "module:factory". Each factory is called as ``factory(url, **options)``.
 BUILTIN_ADAPTERS: dict[str, str] = {
     "stomp": "mqguard.adapters.stomp:StompAdapter",
@@ -59,18 +62,11 @@ def adapter_factory(scheme: str) -> Any:
 
 def open_adapter(url: str, **options: Any) -> Adapter:
     """Create (not connect) the adapter for ``url``, e.g. ``stomp://127.0.0.1:61613``."""
-    scheme = urlsplit(url).scheme
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError:  # an unbalanced "[" or "]": the adapter refuses it, the URL masked
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
     if not scheme:
         raise ConfigError(f"broker URL {redact_url(url)!r} has no scheme (stomp://, mqtt://)")
     adapter: Adapter = adapter_factory(scheme)(url, **options)
     return adapter
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``: safe for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo = f"{parts.username or ''}:***@"
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=userinfo + host).geturl()

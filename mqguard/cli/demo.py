@@ -10,6 +10,7 @@ started is stopped before it returns.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -27,11 +28,18 @@ from mqguard.config import MqguardConfig, parse_config
 from mqguard.demo.plan import DemoPlan, Kind, expected_fates
 from mqguard.demo.scenario import DemoScenario, LegOutcome
 from mqguard.message import new_message_id
+from mqguard.reaper import DEFAULT_HOLDING_QUEUE
 from mqguard.registry import redact_url
 from mqguard.servers import ServerHandle
 from mqguard.servers.ensure import server_urls
 
 BROKERS = ("activemq", "rabbitmq")
+#: RabbitMQ policy (name, queue pattern, definition) routing what the broker expires in the
+#: demo's queues to the expiry reaper's holding queue.
+RABBITMQ_POLICY = ("mqguard-demo-expiry", r"^demo\.", json.dumps(
+    {"dead-letter-exchange": "", "dead-letter-routing-key": DEFAULT_HOLDING_QUEUE}))
+RABBITMQ_POLICY_COMMAND = ("rabbitmqctl set_policy --apply-to queues "
+                           + " ".join(f"'{part}'" for part in RABBITMQ_POLICY))
 #: The demo's redelivery policy: small numbers so poison messages die quickly.
 MAX_DELIVERY_ATTEMPTS = 3
 
@@ -80,6 +88,11 @@ def demo(broker: str, url: str | None, redis_url: str | None, messages: int, out
     sidecar, the other by GuardedProducer / GuardedConsumer, whose connection is cut
     once while it holds handled, unacknowledged messages. Exit code 1 when a client
     saw something wrong or the audit found an anomaly.
+
+    On RabbitMQ the demo's queues need an expiry policy (docs/expiry.md): the demo
+    sets it on a broker it starts; with --url, set it first:
+    rabbitmqctl set_policy --apply-to queues mqguard-demo-expiry '^demo\\.'
+    '{"dead-letter-exchange":"","dead-letter-routing-key":"mqguard.expired"}'
     """
     console = Console(soft_wrap=True)
     out_dir = Path(out)
@@ -103,6 +116,8 @@ def _run(console: Console, plan: DemoPlan, broker: str, url: str | None,
                         started=started) as urls:
         console.print(f"[bold]servers[/bold]: {broker} at {redact_url(urls[broker])}, "
                       f"Redis at {redact_url(urls['redis'])}")
+        if broker == "rabbitmq":
+            _rabbitmq_expiry_policy(console, started.get(broker))
         sidecar_config, app_config = demo_configs(events_dir, urls["redis"])
 
         def report(text: str) -> None:
@@ -136,6 +151,20 @@ def _run(console: Console, plan: DemoPlan, broker: str, url: str | None,
         sys.exit(1)
     console.print(f"[green]OK[/green]: every message met its planned fate "
                   f"({elapsed:.0f} s in all)")
+
+
+def _rabbitmq_expiry_policy(console: Console, handle: ServerHandle | None) -> None:
+    """RabbitMQ expires short-lived messages itself; the policy dead-letters them to the
+    reaper's holding queue, from which the sidecar's reaper moves them to ``EXP.<address>``
+    (docs/expiry.md). Set on a broker the demo started; asked for with ``--url``."""
+    if handle is None:
+        console.print("[yellow]note[/yellow]: on your RabbitMQ the demo's queues need the "
+                      "expiry policy, or the broker drops the short-lived messages unseen "
+                      f"(docs/expiry.md):\n  {RABBITMQ_POLICY_COMMAND}")
+        return
+    from mqguard.servers.rabbitmq import rabbitmqctl
+
+    rabbitmqctl(handle, "set_policy", "--apply-to", "queues", *RABBITMQ_POLICY)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import stomp
 
@@ -32,6 +32,7 @@ from mqguard.demo.plan import INDEX_HEADER, POISON_HEADER, DemoPlan, Kind, Plann
 from mqguard.message import ORIG_MESSAGE_ID_HEADER, now_ms
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
+from mqguard.reaper import ExpiryReaper
 from mqguard.registry import open_adapter
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.faultproxy import FaultProxy
@@ -109,11 +110,20 @@ class _Inbox(stomp.ConnectionListener):  # type: ignore[misc]
 
 
 def _stomp_connection(url: str, listener: _Inbox) -> stomp.Connection:
+    """A plain stomp.py connection, as an application would open it.
+
+    The ``host`` header is always sent: without ``vhost`` stomp.py sends the host name,
+    which RabbitMQ takes as the virtual host and refuses (through the sidecar too, which
+    passes the header on). ``?vhost=`` in the URL chooses it; ``/`` (RabbitMQ's default
+    virtual host, ignored by ActiveMQ) otherwise, as in mqguard's own STOMP adapter.
+    """
     parts = urlsplit(url)
+    vhost = parse_qs(parts.query).get("vhost", ["/"])[0]
     conn = stomp.Connection12([(parts.hostname or "127.0.0.1", parts.port or 61613)],
-                            heartbeats=(0, 0), auto_content_length=True)
+                            heartbeats=(0, 0), auto_content_length=True, vhost=vhost)
     conn.set_listener("inbox", listener)
-    conn.connect(parts.username or "guest", parts.password or "guest", wait=True)
+    conn.connect(unquote(parts.username or "guest"), unquote(parts.password or "guest"),
+                 wait=True)
     return conn
 
 
@@ -149,6 +159,7 @@ class DemoScenario:
                 netloc=f"127.0.0.1:{running.port}"))
             self.report(f"sidecar listening on 127.0.0.1:{running.port}")
             with Guard(self.app_config, role="app") as guard:
+                self._prepare_expiry(guard)
                 self._send_orders(sidecar_url)
                 self._send_payments(guard)
                 # Short-lived messages must be dead before anyone consumes.
@@ -156,6 +167,18 @@ class DemoScenario:
                 self._consume(sidecar_url, guard)
             running.sidecar.guard.events.flush()
         return [self.orders, self.payments]
+
+    def _prepare_expiry(self, guard: Guard) -> None:
+        """On a broker that expires messages itself and dead-letters them to the reaper's
+        holding queue (RabbitMQ, through a policy: see ``mqguard demo --help``), that
+        queue must exist before the first short-lived message expires, or the broker drops
+        it: one scan declares it (the sidecar's own reaper may not have run yet)."""
+        adapter = open_adapter(self.broker_url)
+        try:
+            if adapter.capabilities.expiry_reaping == "dead-letter":
+                ExpiryReaper(guard, adapter, []).scan()
+        finally:
+            adapter.close()
 
     # -- sending ---------------------------------------------------------------------
 

@@ -95,7 +95,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar, cast
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import quote, unquote
 
 import redis
 from redis.backoff import NoBackoff
@@ -118,6 +118,12 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from mqguard.errors import StoreError
+from mqguard.redact import (
+    AMBIGUOUS_USERINFO,
+    redact_url,
+    url_secrets,
+    userinfo_is_ambiguous,
+)
 from mqguard.stores.base import (
     RingOutcome,
     RingStats,
@@ -754,48 +760,15 @@ def _untext(value: bytes) -> str:
     return value.decode("utf-8", "surrogatepass")
 
 
-def _is_secret_param(key: str) -> bool:
-    return "pass" in key.lower() or "token" in key.lower()
-
-
 def mask_url(url: str) -> str:
-    """``url`` with its password (and any password-like query parameter) replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-    except ValueError:
-        return "<unparsable Redis URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, hosts = netloc.rsplit("@", 1)
-        # Without a colon, redis-py takes userinfo as the user name, but people do write the
-        # password there: mask it whole rather than risk printing a secret.
-        user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
-        netloc = f"{user}:***@{hosts}"
-    text = f"{parts.scheme}://{netloc}{parts.path}"  # not urlunsplit: it drops unix:'s "//"
-    if any(_is_secret_param(k) for k, _ in query):
-        text += "?" + urlencode(
-            [(k, "***" if _is_secret_param(k) else v) for k, v in query], safe="*/:,")
-    elif parts.query:
-        text += "?" + parts.query
-    return text
+    """``url`` with its user-info (and password-like query parameters) replaced by ``***``
+    (:func:`mqguard.redact.redact_url`: safe for passwords holding URL delimiters)."""
+    return redact_url(url)
 
 
 def _url_secrets(url: str) -> list[str]:
-    """Every string of ``url`` that may be a secret, raw and percent-decoded."""
-    secrets: list[str] = []
-    try:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-    except ValueError:
-        return [url]
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rsplit("@", 1)[0]
-        secrets.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
-    secrets += [v for k, v in query if _is_secret_param(k)]
-    out = {s for s in secrets if s} | {unquote(s) for s in secrets if s}
-    # Longest first, so a secret containing another is replaced whole.
-    return sorted(out, key=len, reverse=True)
+    """Every string of ``url`` that may be a secret, raw and percent-decoded, longest first."""
+    return url_secrets(url)
 
 
 def _scrub(text: str, secrets: Sequence[str]) -> str:
@@ -917,6 +890,10 @@ class RedisStore:
         """
         where = mask_url(url)
         secrets = _url_secrets(url)
+        if userinfo_is_ambiguous(url):
+            # redis-py would take part of the password for the host and port, and name
+            # them in its errors.
+            raise StoreError(f"Redis store URL {where}: {AMBIGUOUS_USERINFO}")
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         # The store retries by itself (see _call), so redis-py must not: its retries would
         # also repeat non-idempotent scripts after a timeout.
