@@ -316,27 +316,34 @@ def drain_direct(broker: tuple[str, ServerHandle], queue: str, wait: float = 2.0
         direct.close()
 
 
+def ack_frame(message: Frame, receipt: str, version: str) -> bytes:
+    if version == "1.2":
+        return f"ACK\nid:{message.get('ack')}\nreceipt:{receipt}\n\n\0".encode()
+    return (f"ACK\nmessage-id:{message.get('message-id')}\nsubscription:s1\n"
+            f"receipt:{receipt}\n\n\0").encode()
+
+
 def consume_around(proxy: SidecarThread, broker: tuple[str, ServerHandle], queue: str,
-                   bad: bytes) -> None:
+                   bad: bytes, version: str = "1.2") -> None:
     """``bad`` is put on ``queue`` behind the sidecar's back, then a good message: a consumer
     through the sidecar gets the good one only, and keeps its session."""
     send_direct(broker, queue, bad)
     send_direct(broker, queue, send_frame(queue, "direct", [("persistent", "true")], b"good"))
-    consumer = Client(proxy.port)
+    consumer = Client(proxy.port, version=version)
     try:
         consumer.send(f"SUBSCRIBE\nid:s1\ndestination:/queue/{queue}\nack:client-individual\n"
                       f"\n\0".encode())
         got = consumer.wait(lambda fs: any(f.command in ("MESSAGE", "ERROR") for f in fs))
         assert [(f.command, f.body) for f in got[1:]] == [("MESSAGE", b"good")], [
             (f.command, f.get("message"), f.body[:200]) for f in got[1:]]
-        consumer.send(f"ACK\nid:{got[1].get('ack')}\nreceipt:a\n\n\0".encode())
+        consumer.send(ack_frame(got[1], "a", version))
         consumer.wait(lambda fs: any(f.get("receipt-id") == "a" for f in fs))
         # Still the same session: a later message reaches it.
         consumer.send(send_frame(queue, "later", [], b"later"))
         consumer.wait(lambda fs: any(f.body == b"later" for f in fs))
         assert not consumer.closed
         later = consumer.messages()[-1]
-        consumer.send(f"ACK\nid:{later.get('ack')}\nreceipt:b\n\n\0".encode())
+        consumer.send(ack_frame(later, "b", version))
         consumer.wait(lambda fs: any(f.get("receipt-id") == "b" for f in fs))
     finally:
         consumer.close()
@@ -403,3 +410,18 @@ def test_without_a_dead_letter_address_the_broker_takes_it_back_unrequeued(
     assert event["type"] == "dead_lettered" and event.get("target") is None
     assert "no dead-letter-address" in str(event["reason"])
     assert "NACK" in str(event["reason"])
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_stomp_10_has_no_nack_so_the_message_is_dropped_with_an_event(
+        proxy: SidecarThread, broker: tuple[str, ServerHandle], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    queue = f"limits-10-{uuid.uuid4().hex[:8]}"
+    body = b"h" * (proxy.sidecar.broker_limits.max_frame_bytes + 1000)
+    consume_around(proxy, broker, queue, send_frame(queue, "direct", [("persistent", "true")],
+                                                    body), version="1.0")
+    [event] = dead_letter_events(proxy, tmp_path)
+    assert (event["type"], event["queue"]) == ("delivery_dropped", queue)
+    assert "STOMP 1.0" in str(event["reason"]) and "frame too large" in str(event["reason"])
+    assert any("dropped" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records)
