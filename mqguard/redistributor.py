@@ -18,12 +18,14 @@ brokers (``[mqguard.groups.<name>]``, docs/load-balancing.md):
 * each copy keeps the message's mqguard id, producer and sequence (it is the same
   message, as the audit sees it), and carries a bridge duplicate id
   ``_AMQ_BRIDGE_DUP = <message id>:<hop>``, recorded in the ``BRIDGE.<queue>``
-  duplicate-ID cache that ``plugins/duplicate_detection.py`` checks.
+  duplicate-ID cache that ``plugins/duplicate_detection.py`` checks, sized by the
+  address settings matching ``BRIDGE.<queue>`` (:func:`bridge_cache_size`).
 
-Crash safety, per batch: (1) the bridge ids already in the cache are copies
-confirmed by an earlier attempt: their originals are only acknowledged; (2) the
-other copies are sent and confirmed by the target broker; (3) their bridge ids
-are added to the cache; (4) the originals are acknowledged. A crash before (2)
+Crash safety, per batch: (1) the bridge ids already confirmed in the cache are
+copies confirmed by an earlier attempt: their originals are only acknowledged (a
+mere reservation, which a guard in front of the target may hold, proves nothing);
+(2) the other copies are sent and confirmed by the target broker; (3) their bridge
+ids are added to the cache, confirmed; (4) the originals are acknowledged. A crash before (2)
 completes leaves the originals unacknowledged (the source broker redelivers
 them: nothing lost); after (3), step (1) of the next attempt finds the ids.
 
@@ -72,6 +74,7 @@ from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER, Message, parse_wire_int
 from mqguard.pipeline import Guard
 from mqguard.reaper import _Collector
 from mqguard.registry import open_adapter
+from mqguard.stores.base import RingOutcome
 
 log = logging.getLogger("mqguard.redistributor")
 
@@ -83,9 +86,14 @@ HOPS_HEADER = "mqguard-hops"
 FROM_NODE_HEADER = "mqguard-redistributed-from"
 #: Most messages moved per batch (one pipelined send per target, one store call).
 MAX_BATCH = 1000
-#: Ring capacity of ``BRIDGE.<queue>`` when the address's id-cache-size is 0 (duplicate
-#: detection off): redistribution relies on the cache for crash safety, so it keeps one.
+#: Ring capacity of ``BRIDGE.<queue>`` when the settings matching ``BRIDGE.<queue>`` give it
+#: id-cache-size 0 (bridge duplicate detection off): redistribution relies on the cache for
+#: crash safety, so it keeps one, of Artemis's default size (DEFAULT_ID_CACHE_SIZE). With 0
+#: ``duplicate_detection`` never touches that ring, so the two never resize it both ways.
 FALLBACK_CACHE_SIZE = 20000
+#: ``pending_ms`` of the redistributor's lookups: any value does, it only tells a fresh
+#: reservation (IN_FLIGHT) from a stale one (NEW), and both mean "not known to be done".
+_LOOKUP_PENDING_MS = 1
 
 
 #: Header of a marker message: how many bridge ids its body lists (one per line).
@@ -121,6 +129,14 @@ def _marker_ids(message: Message) -> list[str]:
 def bridge_cache(queue: str) -> str:
     """The duplicate-ID cache of bridged copies: ``plugins/duplicate_detection``'s name."""
     return f"BRIDGE.{queue}"
+
+
+def bridge_cache_size(guard: Guard, queue: str) -> int:
+    """Capacity of ``BRIDGE.<queue>``: the id-cache-size of the address settings matching
+    ``BRIDGE.<queue>`` (Artemis sizes that cache as an address of its own, as
+    ``duplicate_detection`` does), else :data:`FALLBACK_CACHE_SIZE` when that is 0. Every
+    writer of the ring must use the same capacity: another one resizes it."""
+    return guard.settings.resolve(bridge_cache(queue)).id_cache_size or FALLBACK_CACHE_SIZE
 
 
 @dataclass(slots=True)
@@ -335,14 +351,19 @@ class Redistributor:
                     batch: list[Delivery], adapter: Adapter, result: QueueResult) -> set[str]:
         """Move one batch; returns the target nodes that got copies (and markers)."""
         store = self.guard.store
-        capacity = self.guard.settings.resolve(queue).id_cache_size or FALLBACK_CACHE_SIZE
+        capacity = bridge_cache_size(self.guard, queue)
         cache, pending_cache = bridge_cache(queue), pending_cache_name(queue)
         bridge_ids = [self._bridge_id(source, delivery.message) for delivery in batch]
         others = [node for node in self.urls if node != source]
         markers = self._transactional(others)
         # (1) Copies an earlier attempt got confirmed: only the ack is missing. Digests, as
-        # duplicate_detection keeps them, so both read the same cache.
-        done = store.ring_contains(cache, [id_digest(b) for b in bridge_ids])
+        # duplicate_detection keeps them, so both read the same cache. Only a *confirmed* id
+        # proves a copy: a mere reservation (a guard's, e.g. a sidecar in front of the target
+        # that reserved the id of a copy whose transaction then rolled back) proves nothing,
+        # and acknowledging the original on its strength would lose the message.
+        outcomes = store.ring_lookup(cache, [id_digest(b) for b in bridge_ids],
+                                     _LOOKUP_PENDING_MS)
+        done = [outcome is RingOutcome.DUPLICATE for outcome in outcomes]
         finished: list[tuple[Delivery, str, str | None]] = []
         rest: list[tuple[Delivery, str]] = []
         for delivery, bridge_id, already in zip(batch, bridge_ids, done, strict=True):
@@ -357,7 +378,9 @@ class Redistributor:
             uncertain = [b for (_, b), flag in zip(rest, pending, strict=True) if flag]
             found = self._find_markers(queue, others, uncertain) if uncertain else {}
             if found:
-                store.ring_check_and_add(cache, [id_digest(b) for b in found], capacity)
+                digests = [id_digest(b) for b in found]
+                store.ring_check_and_add(cache, digests, capacity)
+                store.ring_confirm(cache, digests)
                 finished += [(d, b, found[b]) for d, b in rest if b in found]
                 rest = [(d, b) for d, b in rest if b not in found]
         planned: dict[str, list[tuple[Delivery, Message, str]]] = {}
@@ -393,9 +416,12 @@ class Redistributor:
             else:
                 target_adapter.send_many(copies)
             sent.extend((delivery, bridge_id, target) for delivery, _, bridge_id in items)
-        # (3) Recorded as done, (4) originals acknowledged.
+        # (3) Recorded as done, (4) originals acknowledged. The target confirmed the copies:
+        # a reservation of their ids (a guard in front of the target) is confirmed too.
         if sent:
-            store.ring_check_and_add(cache, [id_digest(b) for _, b, _ in sent], capacity)
+            digests = [id_digest(b) for _, b, _ in sent]
+            store.ring_check_and_add(cache, digests, capacity)
+            store.ring_confirm(cache, digests)
         events = self.guard.events
         fresh_ids = {id(d) for d, _, _ in sent}
         for delivery, bridge_id, target in [*finished, *sent]:
