@@ -158,6 +158,10 @@ BROKER_ADDED_BYTES: Final = 64 * 1024
 #: Longest header line of a broker's own (ActiveMQ's ``dlqDeliveryFailureCause`` holds a
 #: redelivery policy's text: a few hundred octets).
 BROKER_LINE_BYTES: Final = 8192
+#: Headers a dead-letter or expiry copy adds to a message (``_AMQ_ORIG_ADDRESS``,
+#: ``_AMQ_ORIG_QUEUE``, ``_AMQ_ORIG_MESSAGE_ID``, the reason, ``_AMQ_ACTUAL_EXPIRY``), with
+#: room to spare: a SEND is refused unless its copies will fit the broker's header count too.
+COPY_ADDED_HEADERS: Final = 8
 #: The sidecar's receipt header on a SEND (``receipt:mqguard-r-<n>`` and its EOL), at most.
 _RECEIPT_LINE_BYTES: Final = 64
 #: STOMP escaping turns one octet (``\\`` LF ``:`` CR) into two, never more.
@@ -222,9 +226,11 @@ def send_refusal(data: bytes, header_count: int, body_len: int, leg: FrameLimits
         if known.max_body_bytes is not None and body_len > known.max_body_bytes:
             return (f"message too large for {known.name}: a body of {body_len} bytes, "
                     f"over its limit of {known.max_body_bytes}")
-        if known.max_header_count is not None and count > known.max_header_count:
-            return (f"too many headers for {known.name}: {count} with mqguard's, "
-                    f"over its limit of {known.max_header_count}")
+        if (known.max_header_count is not None
+                and count + COPY_ADDED_HEADERS > known.max_header_count):
+            return (f"too many headers for {known.name}: {count} with mqguard's, and "
+                    f"{COPY_ADDED_HEADERS} more in a dead-letter copy, over its limit of "
+                    f"{known.max_header_count}")
     max_line: int | None = None
     if leg is not None:
         if size + BROKER_ADDED_BYTES > leg.max_frame_bytes:

@@ -47,13 +47,13 @@ _READ_LIMITS = FrameLimits(max_frame_bytes=64 * 1024 * 1024, max_header_count=10
                            max_header_line_bytes=16 * 1024 * 1024)
 
 
-def sidecar_config(tmp_path: Path) -> MqguardConfig:
+def sidecar_config(tmp_path: Path, max_headers: int = MAX_HEADERS) -> MqguardConfig:
     return parse_config({
         "mqguard": {
             "node-id": "broker-limits-test",
             "message-expiry-scan-period": -1,
             "event-log": {"directory": str(tmp_path / "events"), "sync": True},
-            "sidecar": {"max-frame-bytes": MAX_FRAME, "max-header-count": MAX_HEADERS,
+            "sidecar": {"max-frame-bytes": MAX_FRAME, "max-header-count": max_headers,
                         "max-header-line-bytes": MAX_LINE, "connect-timeout-ms": 5000,
                         "drain-timeout-ms": 1000},
         },
@@ -425,3 +425,35 @@ def test_stomp_10_has_no_nack_so_the_message_is_dropped_with_an_event(
     assert "STOMP 1.0" in str(event["reason"]) and "frame too large" in str(event["reason"])
     assert any("dropped" in r.getMessage() and r.levelno == logging.WARNING
                for r in caplog.records)
+
+
+@pytest.mark.activemq
+@pytest.mark.parametrize("broker", [BROKERS[0]], indirect=True)
+def test_more_headers_than_activemq_takes_are_refused_at_send(
+        broker: tuple[str, ServerHandle], tmp_path: Path) -> None:
+    """A client leg allowed 2,000 headers: 995 of them (with mqguard's, and room for a
+    dead-letter copy's) are over ActiveMQ's 1,000; the sidecar says so at SEND, while 900
+    go through and are delivered."""
+    sidecar = Sidecar(sidecar_config(tmp_path, max_headers=2000),
+                      parse_upstream(broker[1].urls["stomp"]))
+    queue = f"limits-count-amq-{uuid.uuid4().hex[:8]}"
+    with SidecarThread(sidecar) as proxy:
+        producer = Client(proxy.port)
+        try:
+            producer.send(send_frame(queue, "ok", [(f"h{i}", "v") for i in range(900)], b"ok"))
+            producer.wait(lambda fs: any(f.get("receipt-id") == "ok" for f in fs))
+            producer.send(send_frame(queue, "r1", [(f"h{i}", "v") for i in range(995)], b"no"))
+            frames = producer.wait(lambda fs: any(f.command == "ERROR" for f in fs))
+            [error] = [f for f in frames if f.command == "ERROR"]
+            assert "too many headers for ActiveMQ" in (error.get("message") or ""), error
+            assert error.get("receipt-id") == "r1"
+        finally:
+            producer.close()
+        consumer = Client(proxy.port)
+        try:
+            consumer.send(f"SUBSCRIBE\nid:s\ndestination:/queue/{queue}\nack:auto\n\n\0".encode())
+            consumer.read_for(1.5)
+            assert [m.body for m in consumer.messages()] == [b"ok"]
+            assert consumer.messages()[0].get("h899") == "v"
+        finally:
+            consumer.close()
