@@ -6,9 +6,9 @@ import json
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -18,7 +18,15 @@ from dockerfile_parse import DockerfileParser
 from mqguard.cli import main
 from mqguard.config import parse_config
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
-from tests.deploy.helpers import DEPLOY, REPO, hostport, load_toml_text, sidecar_options
+from tests.deploy.helpers import (
+    DEPLOY,
+    REPO,
+    FakeStompBroker,
+    assert_admin_on_loopback,
+    hostport,
+    load_toml_text,
+    sidecar_options,
+)
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 
@@ -64,8 +72,18 @@ def test_entrypoint_and_cmd_are_a_real_sidecar_command_line(parsed: DockerfilePa
     assert hostport(options["listen"])[0] == "0.0.0.0"  # reachable from outside the container
     assert options["admin"], "no admin port: the HEALTHCHECK would have nothing to ask"
     assert options["config_path"] == "/etc/mqguard/mqguard.toml"
+    # The unauthenticated admin port stays inside the container unless exposed deliberately.
+    admin = assert_admin_on_loopback(options)
     exposed = {int(p) for v in _instructions(parsed, "EXPOSE") for p in v.split()}
-    assert {hostport(options["listen"])[1], hostport(options["admin"])[1]} <= exposed
+    assert hostport(options["listen"])[1] in exposed and admin not in exposed
+
+
+def test_usage_comment_does_not_publish_the_admin_port() -> None:
+    usage = DOCKERFILE.read_text().split("ARG ", 1)[0]
+    run = usage[usage.index("docker run"):usage.index("--log-format")]
+    assert "9464:9464" not in run and "--admin 127.0.0.1:9464" in run
+    # How to expose it deliberately is said, with a loopback-only publication.
+    assert "-p 127.0.0.1:9464:9464" in usage and "docs/operations.md" in usage
 
 
 def test_healthcheck_asks_the_admin_health_endpoint(parsed: DockerfileParser) -> None:
@@ -105,18 +123,19 @@ def _health_command(parsed: DockerfileParser, port: int) -> list[str]:
 
 def test_healthcheck_command_follows_the_sidecars_health(parsed: DockerfileParser,
                                                          tmp_path: Path) -> None:
-    # The HEALTHCHECK's own command, run against a real sidecar: 0 while the broker port
-    # accepts connections, non-zero (503) once it does not.
-    broker = socket.create_server(("127.0.0.1", 0))
+    # The HEALTHCHECK's own command, run against a real sidecar: 0 while the broker answers
+    # a STOMP CONNECT, non-zero (503) once it does not (after the probe's 1 s cache).
+    broker = FakeStompBroker()
     config = parse_config({"mqguard": {"message-expiry-scan-period": -1, "event-log": {
         "directory": str(tmp_path / "events")}}})
-    upstream = parse_upstream(f"stomp://127.0.0.1:{broker.getsockname()[1]}")
+    upstream = parse_upstream(f"stomp://127.0.0.1:{broker.port}")
     proxy = Sidecar(config, upstream, admin=("127.0.0.1", 0))
     with SidecarThread(proxy) as running:
         command = _health_command(parsed, running.admin_port)
         healthy = subprocess.run(command, capture_output=True, timeout=30)
         assert healthy.returncode == 0, healthy.stderr
         broker.close()
+        time.sleep(1.2)
         unhealthy = subprocess.run(command, capture_output=True, timeout=30)
         assert unhealthy.returncode != 0
         assert b"503" in unhealthy.stderr, unhealthy.stderr

@@ -11,6 +11,8 @@ import pytest
 
 from tests.deploy.helpers import (
     DEPLOY,
+    FakeStompBroker,
+    assert_admin_on_loopback,
     hostport,
     load_toml_text,
     sidecar_options,
@@ -75,22 +77,64 @@ def test_sidecar_runs_in_the_broker_pod_against_localhost() -> None:
     assert host == "127.0.0.1"
     assert port == _port(containers["activemq"], "stomp")
     sidecar_ports = {p["containerPort"] for p in containers["mqguard"]["ports"]}
-    assert {hostport(options["listen"])[1], hostport(options["admin"])[1]} <= sidecar_ports
+    assert hostport(options["listen"])[1] in sidecar_ports
 
 
-def test_probes_and_scrape_annotations_use_the_admin_port() -> None:
+def test_admin_port_stays_inside_the_pod() -> None:
     sidecar = _containers()["mqguard"]
-    admin = hostport(sidecar_options(sidecar["args"])["admin"])[1]
+    admin = assert_admin_on_loopback(sidecar_options(sidecar["args"]))
+    # Not declared, not in any Service, not advertised for scraping: exposing the
+    # unauthenticated /metrics and /health is a deliberate step (docs/operations.md).
+    assert admin not in {p["containerPort"] for p in sidecar["ports"]}
+    for _, document in all_documents():
+        if document["kind"] == "Service":
+            ports = document["spec"]["ports"]
+            assert admin not in {p["port"] for p in ports} | {p.get("targetPort") for p in ports}
+    assert "prometheus.io/scrape" not in _pod()["metadata"].get("annotations", {})
+    text = (K8S / "broker-with-sidecar.yaml").read_text()
+    assert "docs/operations.md" in text and "NetworkPolicy" in text
+
+
+def test_probes_ask_health_from_inside_the_container() -> None:
+    sidecar = _containers()["mqguard"]
+    admin = assert_admin_on_loopback(sidecar_options(sidecar["args"]))
     for probe in ("readinessProbe", "startupProbe"):
-        http = sidecar[probe]["httpGet"]
-        assert http["path"] == "/health"
-        assert _port(sidecar, http["port"]) == admin
-    assert _port(sidecar, sidecar["livenessProbe"]["tcpSocket"]["port"]) == admin
-    for found in (_pod()["metadata"]["annotations"],
-                        find("Service", "activemq-guarded")["metadata"]["annotations"]):
-        assert found["prometheus.io/scrape"] == "true"
-        assert int(found["prometheus.io/port"]) == admin
-        assert found["prometheus.io/path"] == "/metrics"
+        command = sidecar[probe]["exec"]["command"]
+        assert command[:2] == ["python", "-c"]
+        assert f"http://127.0.0.1:{admin}/health" in command[2]
+        # The probe's own timeout ends before the kubelet's.
+        timeout = float(re.search(r"timeout=(\d+(?:\.\d+)?)", command[2]).group(1))
+        assert timeout < sidecar[probe]["timeoutSeconds"]
+    # Liveness asks whether the sidecar answers at all (its STOMP listener), not /health:
+    # a broker outage must not restart the sidecar.
+    port = sidecar["livenessProbe"]["tcpSocket"]["port"]
+    assert _port(sidecar, port) == hostport(sidecar_options(sidecar["args"])["listen"])[1]
+
+
+def test_probe_command_follows_the_sidecars_health(tmp_path: Path) -> None:
+    """The readiness probe's own command, run against a real sidecar: 0 while the broker
+    answers CONNECT, non-zero once it does not."""
+    import subprocess
+    import sys
+    import time
+
+    from mqguard.config import parse_config
+    from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+
+    command = _containers()["mqguard"]["readinessProbe"]["exec"]["command"]
+    broker = FakeStompBroker()
+    config = parse_config({"mqguard": {"message-expiry-scan-period": -1, "event-log": {
+        "directory": str(tmp_path / "events")}}})
+    proxy = Sidecar(config, parse_upstream(f"stomp://127.0.0.1:{broker.port}"),
+                    admin=("127.0.0.1", 0))
+    with SidecarThread(proxy) as running:
+        probe = [sys.executable, command[1],
+                 command[2].replace(":9464/", f":{running.admin_port}/")]
+        assert subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+        broker.close()
+        time.sleep(1.2)
+        failed = subprocess.run(probe, capture_output=True, timeout=30)
+        assert failed.returncode != 0 and b"503" in failed.stderr, failed.stderr
 
 
 def test_service_reaches_only_the_sidecar() -> None:
