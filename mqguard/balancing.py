@@ -61,7 +61,14 @@ MAX_PRESENCE_INFO = 8192
 
 
 def node_name(url: str) -> str:
-    """The name of a node in events, metrics and presence: ``host:port``, no credentials."""
+    """The name of a node in events, metrics and presence: ``host:port``, no credentials.
+
+    The host is what follows the *last* ``@``: a password holding an unencoded ``/``, ``?``
+    or ``#`` would otherwise be taken for the host and port (mqguard.redact).
+    """
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        url = f"{scheme}{sep}{rest.rpartition('@')[2]}"
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port}"
 

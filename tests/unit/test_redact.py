@@ -139,3 +139,10 @@ def test_config_refuses_a_node_whose_password_a_parser_cuts_short() -> None:
         parse_config({"mqguard": {"groups": {"g": {
             "nodes": [f"stomp://u:123/{TAIL}@h:61613"], "queues": ["q"]}}}})
     assert "%2F" in AMBIGUOUS_USERINFO
+
+
+@pytest.mark.parametrize(("case", "password"), PASSWORDS, ids=[c for c, _ in PASSWORDS])
+def test_node_names_in_events_and_metrics_hold_no_password(case: str, password: str) -> None:
+    from mqguard.balancing import node_name
+
+    assert node_name(f"stomp://u:{password}@broker-1:61613/?vhost=/") == "broker-1:61613"
