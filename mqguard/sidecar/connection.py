@@ -15,6 +15,13 @@ one with :meth:`FrameConnection.next`; what was decoded and not taken yet stays
 queued and is handed to the relay first, so a client may pipeline frames right
 behind its CONNECT.
 
+The client leg of a session is not yet authenticated then, so it is held to a
+handshake budget (``handshake_bytes``): its first frame (the CONNECT) may take that
+many octets at most, not ``max-frame-bytes``, and once that frame is complete the
+connection reads no more until the relay starts. What the sidecar holds for a
+connection that never finishes its handshake is thus bounded by the budget plus one
+read, whatever the client sends (a CONNECT growing to 16 MiB used to be buffered).
+
 Flow control: a connection whose peer stops reading pauses reading on the other
 leg (:meth:`FrameConnection.couple`), so a slow consumer or broker holds the
 other side back instead of filling the sidecar's memory.
@@ -53,13 +60,19 @@ class FrameConnection(asyncio.Protocol):
     """Decoded frames in, bytes out, for one connection of a session."""
 
     def __init__(self, decoder: FrameDecoder, counter: Count, *,
-                 on_made: Callable[[FrameConnection], None] | None = None) -> None:
+                 on_made: Callable[[FrameConnection], None] | None = None,
+                 handshake_bytes: int | None = None) -> None:
+        """``handshake_bytes``: the most octets the peer may send up to the end of its
+        first frame (see the module docstring); None: no such bound (the broker leg)."""
         self.decoder = decoder
         self._counter = counter
         self._on_made = on_made
         self.transport: asyncio.Transport | None = None
         #: Called after each read, before its frames are handled (TCP quick-ack).
         self.after_read: Callable[[], None] | None = None
+        #: Called once the first frame is complete, with a handshake budget only: the
+        #: connection is no longer a pending handshake (see Sidecar._accept).
+        self.on_first_frame: Callable[[], None] | None = None
         self._ready: deque[Frame | object] = deque()
         self._waiter: asyncio.Future[None] | None = None
         #: Why the connection ended (see OnEnd), once it has.
@@ -68,6 +81,12 @@ class FrameConnection(asyncio.Protocol):
         self._on_end: OnEnd | None = None
         self._reading = True  # False once stopped for good
         self._paused_for_queue = False
+        #: Octets the first frame may still take; None once it is complete (or unbounded).
+        self._handshake_left = handshake_bytes
+        self._handshake_bytes = handshake_bytes
+        #: Reading stopped after the first frame until the relay starts (see the module
+        #: docstring); nothing else resumes it.
+        self._held = False
         #: The other leg, whose reading pauses while this one's writes back up.
         self._peer: FrameConnection | None = None
         self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -96,6 +115,10 @@ class FrameConnection(asyncio.Protocol):
             error = exc
         on_items = self._on_items
         if on_items is None:
+            if self._handshake_left is not None and error is None:
+                error = self._check_handshake(len(data), items)
+                if error is not None:
+                    items = [item for item in items if item is HEARTBEAT]
             self._ready.extend(items)
             if error is not None:
                 self._finish("malformed", error)
@@ -108,6 +131,37 @@ class FrameConnection(asyncio.Protocol):
             on_items(items)
         if error is not None:
             self._finish("malformed", error)
+
+    def _check_handshake(self, size: int, items: Items) -> FrameError | None:
+        """Bound the unauthenticated peer's first frame; hold reading once it is complete.
+
+        The first frame's own size is checked once it is decoded (a read may complete
+        it and exceed the budget at once); until then, every octet received counts.
+        """
+        limit = self._handshake_bytes
+        assert limit is not None and self._handshake_left is not None
+        first = next((item for item in items if isinstance(item, Frame)), None)
+        if first is None:
+            self._handshake_left -= size
+            if self._handshake_left >= 0:
+                return None
+            return FrameError("frame too large",
+                              detail=f"more than {limit} bytes before CONNECTED "
+                                     "(max-handshake-frame-bytes)")
+        if _frame_size(first) > limit:
+            return FrameError("frame too large",
+                              detail=f"CONNECT over {limit} bytes (max-handshake-frame-bytes)")
+        self._handshake_left = None
+        # Nothing more is read (buffered) until the broker accepted the client: what it
+        # pipelines behind its CONNECT waits in the kernel's socket buffer meanwhile.
+        self._held = True
+        if self.transport is not None:
+            with contextlib.suppress(Exception):
+                self.transport.pause_reading()
+        on_first_frame, self.on_first_frame = self.on_first_frame, None
+        if on_first_frame is not None:
+            on_first_frame()
+        return None
 
     def eof_received(self) -> bool:
         self._finish("eof", None)
@@ -161,11 +215,13 @@ class FrameConnection(asyncio.Protocol):
         handed over first, now; so is an end that already happened."""
         self._on_items = on_items
         self._on_end = on_end
+        self._handshake_left = None
+        held, self._held = self._held, False
         if self._ready:
             items = list(self._ready)
             self._ready.clear()
             on_items(items)
-        if self._paused_for_queue:
+        if self._paused_for_queue or held:
             self.resume_reading()
         if self._end is not None:
             # Ended before the relay started (or while handing the queued frames over).
@@ -189,10 +245,16 @@ class FrameConnection(asyncio.Protocol):
     def resume_reading(self) -> None:
         self._paused_for_queue = False
         transport = self.transport
-        if self._reading and self._end is None and transport is not None \
+        if self._reading and not self._held and self._end is None and transport is not None \
                 and not transport.is_closing():
             with contextlib.suppress(Exception):
                 transport.resume_reading()
+
+    def abandon(self) -> None:
+        """End now, as if the peer had closed: :meth:`next` returns None (an evicted
+        handshake, see :meth:`~mqguard.sidecar.server.Sidecar.client_connection`)."""
+        self.stop_reading()
+        self._finish("eof", None)
 
     # -- writing and closing -------------------------------------------------------------
 
@@ -232,6 +294,27 @@ class FrameConnection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()
+
+    def release(self) -> None:
+        """Drop every reference to the session and to what was read, once it has ended.
+
+        A session and its connections refer to one another (callbacks, the peer leg), and
+        the sidecar raises the collector's young-generation threshold (gctune): left to
+        the cyclic collector, an ended session's buffers (up to ``max-frame-bytes`` per
+        leg) stayed resident for minutes. Freed here by reference counting instead.
+        """
+        self._on_items = None
+        self._on_end = None
+        self._on_made = None
+        self.after_read = None
+        self.on_first_frame = None
+        self._peer = None
+        self._ready.clear()
+        self._waiter = None
+        if self._end is not None:
+            # The exception's traceback holds the frames (and their objects) it went through.
+            self._end = (self._end[0], None)
+        self.decoder = FrameDecoder(limits=self.decoder.limits)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -296,6 +379,13 @@ class QuickAck:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def _frame_size(frame: Frame) -> int:
+    """About the octets of ``frame`` on the wire (characters of its headers, escapes left
+    out): enough to bound a handshake frame."""
+    return (len(frame.command) + sum(len(name) + len(value) + 2 for name, value in frame.headers)
+            + len(frame.body) + 3)
 
 
 def without_padding(items: Items) -> Items:

@@ -11,6 +11,14 @@ generation's threshold at 10,000 and start-up objects frozen: 1-2 collections,
 little later. :meth:`GcTuning.apply` freezes what start-up created (modules, plugins,
 configuration), so the collector never traverses those again.
 
+A collection that comes later must not decide when memory comes back, though: an
+ended session used to sit in reference cycles (its receipt chain, upstream leg and
+connections call back into it) with up to ``max-frame-bytes`` buffered per leg, and
+under the raised threshold 20 sessions ended mid-way through 12 MiB frames kept
+200 MB resident until enough other objects had been allocated. Sessions therefore
+break their cycles when they end (``ProxySession._break_cycles``,
+``FrameConnection.release``) and are freed by reference counting, at once.
+
 Only a sidecar that owns its process applies this (:class:`~mqguard.sidecar.server.Sidecar`
 running on the main thread, as ``mqguard sidecar`` does); one hosted on a thread of
 another program (tests, ``bench proxy --sidecar thread``) leaves that program's

@@ -1,0 +1,132 @@
+"""The sidecar under a low limit of open files (issue 21, defect 13), against REAL brokers.
+
+Each session holds up to three descriptors (the client's socket, the broker's, and a
+duplicate of the broker's for TCP quick-acks), so ``max-connections`` 1024 needs
+about 3,100 of them. At start the sidecar raises its soft ``RLIMIT_NOFILE`` to the
+hard one and warns when ``max-connections`` still cannot be met; it then admits only
+as many sessions as the descriptors allow, and every client it cannot serve gets an
+ERROR frame, never a silent close or a traceback in the log -- on asyncio and uvloop.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mqguard.servers import ServerHandle
+from tests.integration.sidecar_process import SidecarProcess
+from tests.integration.test_sidecar_robustness import (
+    connect_frame,
+    decode_server_bytes,
+    healthy_round_trip,
+)
+
+BROKERS_AND_LOOPS = [
+    pytest.param("activemq", "asyncio", marks=pytest.mark.activemq, id="activemq-asyncio"),
+    pytest.param("activemq", "uvloop", marks=pytest.mark.activemq, id="activemq-uvloop"),
+    pytest.param("rabbitmq", "uvloop", marks=pytest.mark.rabbitmq, id="rabbitmq-uvloop"),
+]
+
+#: The sidecar's limit on open files: far below what max-connections (1024) needs.
+NOFILE = 160
+CLIENTS = 150
+
+
+@pytest.fixture
+def broker_url(request: pytest.FixtureRequest) -> str:
+    server: ServerHandle = request.getfixturevalue(f"{request.param}_server")
+    return server.urls["stomp"]
+
+
+def connect_and_hold(port: int, results: list[str], index: int,
+                     release: threading.Event) -> None:
+    """CONNECT, then hold the session until ``release``; records what the client got:
+    "connected", "error: <message>", or how it was left without a frame."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), 10)
+    except OSError as exc:
+        results[index] = f"connect failed: {exc}"
+        return
+    try:
+        sock.sendall(connect_frame())
+        data = b""
+        deadline = time.monotonic() + 15
+        while b"\0" not in data and time.monotonic() < deadline:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                results[index] = f"reset without a frame: {exc}"
+                return
+            if not chunk:
+                break
+            data += chunk
+        frames = decode_server_bytes(data)[0] if b"\0" in data else []
+        if not frames:
+            results[index] = f"closed without a frame ({data[:100]!r})"
+        elif frames[0].command == "CONNECTED":
+            results[index] = "connected"
+            release.wait(30)
+            sock.sendall(b"DISCONNECT\n\n\0")
+        else:
+            results[index] = f"error: {frames[0].get('message')}"
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS,
+                         indirect=["broker_url"])
+def test_low_descriptor_limit_every_client_gets_a_frame(
+        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+    with SidecarProcess(broker_url, tmp_path, event_loop=event_loop,
+                        sidecar={"connect-timeout-ms": 20_000, "drain-timeout-ms": 1000},
+                        nofile=(NOFILE, NOFILE)) as sidecar:
+        start_log = sidecar.log()
+        results = [""] * CLIENTS
+        release = threading.Event()
+        threads = [threading.Thread(target=connect_and_hold,
+                                    args=(sidecar.port, results, i, release), daemon=True)
+                   for i in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 40
+        while any(not r for r in results) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        release.set()
+        for thread in threads:
+            thread.join(40)
+        # Once they have gone, the sidecar serves again.
+        time.sleep(0.5)
+        healthy_round_trip(sidecar.port, f"/queue/{unique_name}")
+        assert sidecar.stop() == 0
+        log = sidecar.log()
+    connected = results.count("connected")
+    refused = [r for r in results if r.startswith("error: ")]
+    silent = [r for r in results if r != "connected" and not r.startswith("error: ")]
+    assert not silent, f"{len(silent)} clients got no frame, e.g. {silent[:3]}"
+    assert connected >= 20, results
+    assert refused and all("too many connections" in r or "descriptor" in r
+                           for r in refused), refused[:5]
+    assert "Traceback" not in log, log[-4000:]
+    assert "unreachable" not in log, log[-4000:]
+    # Warned at start: max-connections cannot be met under this limit.
+    assert "max-connections" in start_log and "descriptor" in start_log, start_log
+
+
+@pytest.mark.activemq
+def test_soft_descriptor_limit_is_raised_to_the_hard_one(activemq_server: ServerHandle,
+                                                         tmp_path: Path) -> None:
+    with SidecarProcess(activemq_server.urls["stomp"], tmp_path,
+                        nofile=(256, 4096)) as sidecar:
+        limits = sidecar.nofile_limits()
+        healthy_round_trip(sidecar.port, "/queue/mqg-fd-limit-raised")
+        log = sidecar.log()
+    assert limits == (4096, 4096), limits
+    # 4096 descriptors are enough for max-connections 1024: no warning.
+    assert "descriptor" not in log, log
