@@ -413,16 +413,24 @@ def test_without_a_dead_letter_address_the_broker_takes_it_back_unrequeued(
 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
+@pytest.mark.parametrize("over", ["body", "headers"])
 def test_stomp_10_has_no_nack_so_the_message_is_dropped_with_an_event(
         proxy: SidecarThread, broker: tuple[str, ServerHandle], tmp_path: Path,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, over: str) -> None:
     queue = f"limits-10-{uuid.uuid4().hex[:8]}"
-    body = b"h" * (proxy.sidecar.broker_limits.max_frame_bytes + 1000)
-    consume_around(proxy, broker, queue, send_frame(queue, "direct", [("persistent", "true")],
-                                                    body), version="1.0")
+    limits = proxy.sidecar.broker_limits
+    if over == "body":
+        bad = send_frame(queue, "direct", [("persistent", "true")],
+                         b"h" * (limits.max_frame_bytes + 1000))
+    else:
+        bad = send_frame(queue, "direct", [("persistent", "true"), *(
+            (f"x-h{i}", "v") for i in range(limits.max_header_count + 10))], b"wide")
+    consume_around(proxy, broker, queue, bad, version="1.0")
     [event] = dead_letter_events(proxy, tmp_path)
     assert (event["type"], event["queue"]) == ("delivery_dropped", queue)
-    assert "STOMP 1.0" in str(event["reason"]) and "frame too large" in str(event["reason"])
+    reason = str(event["reason"])
+    assert "STOMP 1.0" in reason
+    assert ("frame too large" if over == "body" else "too many headers") in reason
     assert any("dropped" in r.getMessage() and r.levelno == logging.WARNING
                for r in caplog.records)
 
