@@ -6,11 +6,17 @@ about 3,100 of them. At start the sidecar raises its soft ``RLIMIT_NOFILE`` to t
 hard one and warns when ``max-connections`` still cannot be met; it then admits only
 as many sessions as the descriptors allow, and every client it cannot serve gets an
 ERROR frame, never a silent close or a traceback in the log -- on asyncio and uvloop.
+Even when something else has used every descriptor up (accept() fails with EMFILE), a
+spare descriptor lets the sidecar accept the client, tell it why, and close it.
 """
 
 from __future__ import annotations
 
+import resource
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -130,3 +136,76 @@ def test_soft_descriptor_limit_is_raised_to_the_hard_one(activemq_server: Server
     assert limits == (4096, 4096), limits
     # 4096 descriptors are enough for max-connections 1024: no warning.
     assert "descriptor" not in log, log
+
+
+#: A sidecar on a thread of a process that then opens descriptors until none is left.
+_EXHAUSTED_SIDECAR = textwrap.dedent("""
+    import os, sys
+    from mqguard.config import parse_config
+    from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+    url, event_loop, events = sys.argv[1:4]
+    # No event log: its converter thread would meet the exhausted limit too (out of scope).
+    config = parse_config({"mqguard": {"node-id": "fd-exhausted", "message-expiry-scan-period": -1,
+                                       "event-log": {"enabled": False, "directory": events}}})
+    with SidecarThread(Sidecar(config, parse_upstream(url)), event_loop=event_loop) as proxy:
+        fillers = []
+        try:
+            while True:
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        print(proxy.port, len(fillers), flush=True)
+        sys.stdin.readline()
+        for fd in fillers:
+            os.close(fd)
+        print("freed", flush=True)
+        sys.stdin.readline()
+""")
+
+
+def _limit_open_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+@pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS[:2],
+                         indirect=["broker_url"])
+def test_out_of_descriptors_at_accept_the_client_still_gets_an_error(
+        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXHAUSTED_SIDECAR, broker_url, event_loop,
+         str(tmp_path / "events")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, preexec_fn=_limit_open_files)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        port, filled = map(int, proc.stdout.readline().split())
+        assert filled > 0
+        answers = []
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", port), 5)
+            sock.settimeout(5)
+            data = b""
+            try:
+                while chunk := sock.recv(4096):
+                    data += chunk
+            except OSError as exc:
+                data += f"<{exc}>".encode()
+            sock.close()
+            answers.append(data)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "freed"
+        healthy_round_trip(port, f"/queue/{unique_name}")
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(30) == 0
+        log = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    for data in answers:
+        frames = decode_server_bytes(data)[0] if b"\0" in data else []
+        assert [f.command for f in frames] == ["ERROR"], data
+        assert "out of file descriptors" in (frames[0].get("message") or ""), frames
+    assert "out of file descriptors" in log, log
+    assert "Traceback" not in log, log[-4000:]
