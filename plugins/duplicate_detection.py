@@ -1,7 +1,7 @@
 """``duplicate_detection``: Artemis's duplicate-ID cache, shared through the store.
 
 Semantics follow ActiveMQ Artemis (``PostOfficeImpl.checkDuplicateID``,
-``DuplicateIDCacheImpl``):
+``InMemoryDuplicateIDCache`` / ``PersistentDuplicateIDCache``):
 
 * A message carrying ``_AMQ_DUPL_ID`` (or one of the extra header names in
   ``[plugins.duplicate_detection] headers``; over MQTT 5 a user property of the
