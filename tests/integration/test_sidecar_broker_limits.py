@@ -400,7 +400,7 @@ def test_without_a_dead_letter_address_the_broker_takes_it_back_unrequeued(
     value = "w" * (line if broker[0] == "rabbitmq" else 10_000)
     if broker[0] == "activemq":
         # ActiveMQ refuses a STOMP header line over 10,240 octets: too many headers instead.
-        headers = [("persistent", "true"),
+        headers = [("persistent", "true"), ("x-kind", queue),
                    *((f"x-h{i}", "v") for i in range(
                        proxy.sidecar.broker_limits.max_header_count + 10))]
     else:
@@ -410,6 +410,10 @@ def test_without_a_dead_letter_address_the_broker_takes_it_back_unrequeued(
     assert event["type"] == "dead_lettered" and event.get("target") is None
     assert "no dead-letter-address" in str(event["reason"])
     assert "NACK" in str(event["reason"])
+    if broker[0] == "activemq":
+        # Where Artemis would drop it, ActiveMQ keeps it in its own dead-letter queue.
+        moved = [m for m in drain_direct(broker, "ActiveMQ.DLQ") if m.get("x-kind") == queue]
+        assert [m.body for m in moved] == [b"no dla"]
 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
