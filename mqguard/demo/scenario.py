@@ -300,8 +300,13 @@ class _FailoverHandler:
     """The payments handler: fails on poison, and injects one failover.
 
     After the tenth message it swallows the consumer's acknowledgements, so the next
-    FAILOVER_UNACKED messages are handled but stay unacknowledged on the broker; then
-    it cuts the connection. The broker redelivers them after the adapter reconnects.
+    ``window`` messages are handled but stay unacknowledged on the broker; then it cuts
+    the connection. The broker redelivers them after the adapter reconnects.
+
+    The window is FAILOVER_UNACKED, or less on a small run: the cut must come while
+    ordinary messages are still arriving. While acknowledgements are swallowed, so are a
+    poison message's NACKs, and no redelivery of it comes; with too few messages left the
+    cut would never happen and the connection would stay blackholed.
     """
 
     def __init__(self, leg: LegOutcome, proxy: FaultProxy) -> None:
@@ -310,6 +315,8 @@ class _FailoverHandler:
         self.lock = threading.Lock()
         self.calls = 0
         self.unacked = 0
+        normal = sum(1 for p in leg.planned if p.kind is Kind.NORMAL)
+        self.window = max(1, min(FAILOVER_UNACKED, (normal - 10) // 2))
 
     def __call__(self, message: Any) -> None:
         index = int(message.headers.get(INDEX_HEADER, "-1"))
@@ -319,9 +326,9 @@ class _FailoverHandler:
             calls = self.calls
         if calls == 10:
             self.proxy.blackhole("upstream")
-        elif 10 < calls <= 10 + FAILOVER_UNACKED:
+        elif 10 < calls <= 10 + self.window:
             self.unacked += 1
-            if calls == 10 + FAILOVER_UNACKED:
+            if calls == 10 + self.window:
                 self.proxy.restore()
                 self.proxy.cut()
         if message.headers.get(POISON_HEADER):

@@ -75,8 +75,8 @@ def test_demo_on_a_given_rabbitmq_names_the_policy_it_needs(
     try:
         result = CliRunner().invoke(main, [
             "demo", "--broker", "rabbitmq", "--url", rabbitmq_server.urls["stomp"],
-            "--redis", redis_server.urls["redis"], "-n", "60", "--out", str(out),
-            "--timeout", "120", "--no-audit"])
+            "--redis", redis_server.urls["redis"], "-n", "20", "--out", str(out),
+            "--timeout", "60", "--no-audit"])  # the smallest run --help allows
     finally:
         rabbitmqctl(rabbitmq_server, "clear_policy", RABBITMQ_POLICY[0])
     assert result.exit_code == 0, (result.output, _log_tail(out))
