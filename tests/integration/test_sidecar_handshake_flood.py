@@ -147,6 +147,8 @@ def test_idle_connection_flood_does_not_starve_clients(
         finally:
             steady.stop()
         log = sidecar.log()
+    print(f"flood: {flood.opened} connections opened, {flood.errors_seen} closed with an "
+          f"ERROR; {round_trips} round trips, {len(failures)} failed")
     assert not failures, (f"{len(failures)} of {len(failures) + round_trips} round trips "
                           f"failed during the flood, e.g. {failures[:3]}")
     assert round_trips >= 10, round_trips
