@@ -310,6 +310,35 @@ def test_sidecar_same_transaction_id_on_two_connections(
                                                                 "two-retry"]
 
 
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
+@pytest.mark.parametrize("broker_url", STOMP_BROKERS, indirect=True)
+def test_sidecar_bridge_ids_checked_when_the_address_has_id_cache_size_zero(
+        broker_url: str, store_url: str, tmp_path: Path, unique_name: str) -> None:
+    """Defect 3 through the sidecar: BRIDGE.<address> is a cache of its own."""
+    config = make_config(tmp_path, store_url, **{unique_name: {"id-cache-size": 0}})
+    queue = f"/queue/{unique_name}"
+    with SidecarThread(Sidecar(config, parse_upstream(broker_url),
+                               admin=("127.0.0.1", 0))) as running:
+        client = Reader(running.port)
+        try:
+            client.conn.send(queue, "b1", headers={BRIDGE: "b1"}, receipt="r1")
+            client.conn.send(queue, "b1-again", headers={BRIDGE: "b1"}, receipt="r2")
+            tx = client.conn.begin()
+            client.conn.send(queue, "b2", headers={BRIDGE: "b2"}, transaction=tx)
+            client.conn.commit(tx, receipt="commit")
+            client.wait_receipt("commit")
+            client.conn.send(queue, "b2-again", headers={BRIDGE: "b2"}, receipt="r3")
+            client.conn.send(queue, "d", headers={"_AMQ_DUPL_ID": "d"}, receipt="r4")
+            client.conn.send(queue, "d-again", headers={"_AMQ_DUPL_ID": "d"}, receipt="r5")
+            client.wait_receipt("r5")
+            assert client.errors == []
+        finally:
+            client.close()
+        stats = running.sidecar.guard.store.ring_stats(f"BRIDGE.{unique_name}")
+    assert stats is not None and stats.capacity == 20000
+    assert read_broker(broker_url, unique_name, 4) == ["b1", "b2", "d", "d-again"]
+
+
 # -- deliberate deviations (docs/artemis-compat.md) --------------------------------------------
 
 
