@@ -26,6 +26,7 @@ import pytest
 from mqguard.servers import ServerHandle
 from tests.integration.sidecar_process import SidecarProcess
 from tests.integration.test_sidecar_robustness import (
+    RawClient,
     connect_frame,
     decode_server_bytes,
     healthy_round_trip,
@@ -155,11 +156,11 @@ _EXHAUSTED_SIDECAR = textwrap.dedent("""
         except OSError:
             pass
         print(proxy.port, len(fillers), flush=True)
-        sys.stdin.readline()
-        for fd in fillers:
-            os.close(fd)
-        print("freed", flush=True)
-        sys.stdin.readline()
+        while (command := sys.stdin.readline().strip()) in ("one", "all"):
+            for fd in fillers[-1:] if command == "one" else fillers:
+                os.close(fd)
+            del fillers[-1 if command == "one" else 0:]
+            print("freed", flush=True)
 """)
 
 
@@ -191,7 +192,16 @@ def test_out_of_descriptors_at_accept_the_client_still_gets_an_error(
                 data += f"<{exc}>".encode()
             sock.close()
             answers.append(data)
-        proc.stdin.write("\n")
+        # One descriptor free: the client is accepted, the broker connection fails.
+        proc.stdin.write("one\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "freed"
+        raw = RawClient(port)
+        raw.send(connect_frame())
+        raw.read_to_close(timeout=10)
+        upstream_answer = raw.frames()
+        raw.close()
+        proc.stdin.write("all\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "freed"
         healthy_round_trip(port, f"/queue/{unique_name}")
@@ -207,5 +217,7 @@ def test_out_of_descriptors_at_accept_the_client_still_gets_an_error(
         frames = decode_server_bytes(data)[0] if b"\0" in data else []
         assert [f.command for f in frames] == ["ERROR"], data
         assert "out of file descriptors" in (frames[0].get("message") or ""), frames
-    assert "out of file descriptors" in log, log
+    assert [f.command for f in upstream_answer] == ["ERROR"], upstream_answer
+    assert "out of file descriptors" in (upstream_answer[0].get("message") or "")
+    assert "out of file descriptors" in log and "no file descriptor left" in log, log
     assert "Traceback" not in log, log[-4000:]
