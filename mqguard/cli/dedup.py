@@ -54,9 +54,10 @@ def stats(address: str | None, store_url: str | None, config_path: str | None,
             ring = store.ring_stats(name)
             if ring is None:
                 continue
-            plain = name.removeprefix("BRIDGE.")
+            # Each cache is sized by the settings matching its own name: BRIDGE.<address>
+            # is a cache of its own in Artemis, not a view of <address>'s.
             rows.append({"cache": name, "count": ring.count, "capacity": ring.capacity,
-                         "configured_id_cache_size": settings.resolve(plain).id_cache_size})
+                         "configured_id_cache_size": settings.resolve(name).id_cache_size})
     except MqguardError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
