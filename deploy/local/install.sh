@@ -1,10 +1,30 @@
 #!/usr/bin/env bash
 # Usage: install.sh [KIND...]   # KIND: redis redis-cluster activemq rabbitmq mosquitto (default: all)
-# Installs the Debian packages (root) and the ActiveMQ MQTT codec jars.
-# Thin wrapper over `python -m mqguard.servers install`; works from a plain checkout because the
-# repository root is put on PYTHONPATH. Override the interpreter with PYTHON=...
+# Installs the Debian packages (root) and the ActiveMQ MQTT codec jars, then the Debian
+# packages of the tools the test suite runs (shellcheck). Idempotent: what is there is kept.
+# The servers go through `python -m mqguard.servers install`, which works from a plain checkout
+# because the repository root is put on PYTHONPATH. Override the interpreter with PYTHON=...
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export PYTHONPATH="${repo_root}${PYTHONPATH:+:${PYTHONPATH}}"
-exec "${PYTHON:-python3}" -m mqguard.servers install "$@"
+"${PYTHON:-python3}" -m mqguard.servers install "$@"
+
+# Test tools: Debian package per command. The suite fails (under CI) or skips (locally)
+# a test whose tool is missing, so a root install puts them all in place.
+declare -A tools=([shellcheck]=shellcheck)
+missing=()
+for tool in "${!tools[@]}"; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("${tools[$tool]}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "install.sh: not root, so not installing ${missing[*]}: sudo apt-get install -y ${missing[*]}" >&2
+    else
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get -o DPkg::Lock::Timeout=600 install -y -q "${missing[@]}" \
+            || { apt-get -o DPkg::Lock::Timeout=600 update -q \
+                 && apt-get -o DPkg::Lock::Timeout=600 install -y -q "${missing[@]}"; }
+        echo "installed: ${missing[*]}"
+    fi
+fi
