@@ -37,7 +37,7 @@ from typing import Any
 
 from mqguard.adapter import SubscribeOptions
 from mqguard.bench import raw
-from mqguard.bench.report import median
+from mqguard.bench.stats import median
 from mqguard.config import MqguardConfig
 from mqguard.consumer import GuardedConsumer
 from mqguard.message import Message, new_message_id

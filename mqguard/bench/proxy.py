@@ -91,7 +91,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import stomp
 
 from mqguard.bench import raw
-from mqguard.bench.report import median
+from mqguard.bench.stats import median
 from mqguard.config import parse_config
 from mqguard.message import new_message_id
 from mqguard.registry import BUILTIN_PLUGINS

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import click
 
-from mqguard.bench.report import environment, print_table, write_json
 from mqguard.cli.bench_audit import audit
 from mqguard.cli.bench_proxy import proxy
+from mqguard.cli.table import environment, print_table, write_json
 from mqguard.errors import MqguardError
 from mqguard.reaper import MAX_BATCH
 from mqguard.servers.ensure import server_urls

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from mqguard.bench.report import environment, print_table, write_json
+from mqguard.cli.table import environment, print_table, write_json
 
 
 @click.command("audit")

@@ -10,7 +10,7 @@ import os
 
 import click
 
-from mqguard.bench.report import environment, print_table, write_json
+from mqguard.cli.table import environment, print_table, write_json
 from mqguard.errors import MqguardError
 from mqguard.servers.ensure import server_urls
 from mqguard.sidecar.eventloop import LOOP_KINDS

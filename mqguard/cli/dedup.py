@@ -6,7 +6,7 @@ import json
 
 import click
 
-from mqguard.bench.report import print_table
+from mqguard.cli.table import print_table
 from mqguard.config import MqguardConfig, load_config
 from mqguard.errors import MqguardError
 from mqguard.registry import redact_url

@@ -7,7 +7,7 @@ import threading
 
 import click
 
-from mqguard.bench.report import print_table
+from mqguard.cli.table import print_table
 from mqguard.config import load_config
 from mqguard.errors import MqguardError
 from mqguard.pipeline import Guard

@@ -28,6 +28,7 @@ import stomp
 
 from mqguard.config import MqguardConfig
 from mqguard.consumer import GuardedConsumer
+from mqguard.demo.faultproxy import FaultProxy
 from mqguard.demo.plan import INDEX_HEADER, POISON_HEADER, DemoPlan, Kind, Planned
 from mqguard.message import ORIG_MESSAGE_ID_HEADER, now_ms
 from mqguard.pipeline import Guard
@@ -35,7 +36,6 @@ from mqguard.producer import GuardedProducer
 from mqguard.reaper import ExpiryReaper
 from mqguard.registry import open_adapter
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
-from mqguard.testing.faultproxy import FaultProxy
 
 #: Lifetime of the short-lived messages; the consumers start after it has passed.
 SHORT_TTL_MS = 300

@@ -21,12 +21,12 @@ import pytest
 
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
+from mqguard.demo.faultproxy import FaultProxy
 from mqguard.events import read_events
 from mqguard.message import Message
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
-from mqguard.testing.faultproxy import FaultProxy
 
 BROKERS = [
     pytest.param(("activemq", "stomp"), marks=pytest.mark.activemq, id="activemq"),

@@ -34,10 +34,10 @@ import pytest
 import stomp  # type: ignore[import-untyped]
 
 from mqguard.config import MqguardConfig, parse_config
+from mqguard.demo.faultproxy import FaultProxy
 from mqguard.servers import ServerHandle, ServerUnavailable, start
 from mqguard.sidecar.frames import SERVER_COMMANDS, Frame, FrameDecoder, FrameError
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
-from mqguard.testing.faultproxy import FaultProxy
 from mqguard.testing.waiting import wait_for
 
 BROKERS = [

@@ -10,7 +10,7 @@ from contextlib import suppress
 
 import pytest
 
-from mqguard.testing.faultproxy import FaultProxy
+from mqguard.demo.faultproxy import FaultProxy
 
 TIMEOUT = 2.0
 

@@ -1,4 +1,4 @@
-"""A fault-injection TCP proxy for failover tests against real brokers.
+"""A fault-injection TCP proxy: the demo's failover, and failover tests against real brokers.
 
 Delivery guarantees only matter when something breaks, and a real broker on
 127.0.0.1 never breaks on its own. :class:`FaultProxy` sits between a client
@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-log = logging.getLogger("mqguard.testing.faultproxy")
+log = logging.getLogger(__name__)
 
 Direction = Literal["upstream", "downstream", "both"]
 
