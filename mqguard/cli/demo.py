@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,10 @@ RABBITMQ_POLICY_COMMAND = ("rabbitmqctl set_policy --apply-to queues "
                            + " ".join(f"'{part}'" for part in RABBITMQ_POLICY))
 #: The demo's redelivery policy: small numbers so poison messages die quickly.
 MAX_DELIVERY_ATTEMPTS = 3
+#: Rows of :func:`traffic_table`: what the clients of each address saw, against the plan.
+TRAFFIC_ROWS = ("messages (distinct)", "sent twice (copy rejected)", "handled once / planned",
+                "dead-lettered / planned", "expired / planned", "handled twice",
+                "unacked at the failover cut")
 
 
 def demo_configs(events_dir: Path, redis_url: str) -> tuple[MqguardConfig, MqguardConfig]:
@@ -121,7 +126,11 @@ def _run(console: Console, plan: DemoPlan, broker: str, url: str | None,
         sidecar_config, app_config = demo_configs(events_dir, urls["redis"])
 
         def report(text: str) -> None:
-            console.print(f"  {text}")
+            # Wrapped here, at word boundaries: the console keeps long lines whole (a
+            # path stays one word to copy), which a terminal would break mid-word.
+            console.print(textwrap.fill(text, width=max(40, console.width),
+                                        initial_indent="  ", subsequent_indent="    ",
+                                        break_long_words=False, break_on_hyphens=False))
             status.update(text)
 
         status.update("sending...")
@@ -135,7 +144,7 @@ def _run(console: Console, plan: DemoPlan, broker: str, url: str | None,
         console.print(f"traffic done in {time.monotonic() - started_at:.1f} s; event log "
                       f"in {events_dir}")
         problems = _client_problems(legs)
-        _print_traffic(console, legs)
+        console.print(traffic_table(legs))
         audit_summary = None
         if not no_audit:
             status.update("auditing with Spark (starting a local session)...")
@@ -207,22 +216,33 @@ def _client_problems(legs: list[LegOutcome]) -> list[str]:
     return problems
 
 
-def _print_traffic(console: Console, legs: list[LegOutcome]) -> None:
+def traffic_table(legs: list[LegOutcome]) -> Table:
+    """What the clients saw, one column per address and one row per figure.
+
+    Two addresses and seven figures: laid out this way the table stays whole in an
+    80-column terminal whatever the message count, where a column per figure cut its
+    headers. Cells fold instead of being cut should a terminal be narrower still.
+    """
     table = Table(title=f"what the clients saw ({legs[0].address.rpartition('.')[0]}.*)")
-    for column in ("address", "via", "msgs", "dup sends", "handled once", "DLQ", "expired",
-                   "twice", "unacked at cut"):
-        table.add_column(column, justify="left" if column in ("address", "via") else "right")
-    for leg, path in zip(legs, ("sidecar", "wrappers"), strict=True):
+    table.add_column("", justify="left", overflow="fold")
+    paths = ("sidecar", "wrappers")
+    for leg, path in zip(legs, paths, strict=True):
+        table.add_column(f"{leg.address.rpartition('.')[2]}\nvia {path}", justify="right",
+                         overflow="fold")
+    rows: dict[str, list[str]] = {label: [] for label in TRAFFIC_ROWS}
+    for leg, path in zip(legs, paths, strict=True):
         want = expected_fates(leg.planned)
         normal = [p.index for p in leg.planned if p.kind is Kind.NORMAL]
-        table.add_row(
-            leg.address.rpartition(".")[2], path, str(len(leg.planned)),
-            str(want["duplicate_rejected"]),
-            f"{sum(1 for i in normal if leg.handled[i] == 1)}/{want['handled']}",
-            f"{leg.dead_letters}/{want['dead_lettered']}",
-            f"{leg.expired_copies}/{want['expired']}", str(leg.handled_twice()),
-            str(leg.failover_unacked) if path == "wrappers" else "-")
-    console.print(table)
+        once = sum(1 for i in normal if leg.handled[i] == 1)
+        for label, value in zip(TRAFFIC_ROWS, (
+                str(len(leg.planned)), str(want["duplicate_rejected"]),
+                f"{once}/{want['handled']}", f"{leg.dead_letters}/{want['dead_lettered']}",
+                f"{leg.expired_copies}/{want['expired']}", str(leg.handled_twice()),
+                str(leg.failover_unacked) if path == "wrappers" else "-"), strict=True):
+            rows[label].append(value)
+    for label, values in rows.items():
+        table.add_row(label, *values)
+    return table
 
 
 def _audit(console: Console, out_dir: Path, events_dir: Path, config: MqguardConfig,
@@ -252,6 +272,9 @@ def _audit(console: Console, out_dir: Path, events_dir: Path, config: MqguardCon
     finally:
         if owned:
             spark.stop()
+    # The spinner goes first: print_summary writes through a console of its own, whose
+    # lines would otherwise start on the spinner's line.
+    status.stop()
     print_summary(result.summary)
     console.print(f"audit summary: {(audit_dir / 'summary.json').resolve()}")
     return result.summary

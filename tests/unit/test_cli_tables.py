@@ -1,0 +1,103 @@
+"""Terminal tables stay whole at 80 columns: no header or cell is cut short."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from mqguard.cli.demo import TRAFFIC_ROWS, traffic_table
+from mqguard.cli.table import print_table, results_table
+from mqguard.demo.plan import DemoPlan, Kind
+from mqguard.demo.scenario import LegOutcome
+
+WIDTH = 80
+
+
+def rendered(table: Table, width: int = WIDTH) -> list[str]:
+    console = Console(width=width, record=True, color_system=None, file=_Sink())
+    console.print(table)
+    return console.export_text(styles=False).splitlines()
+
+
+class _Sink:
+    """Swallows what the console writes: the test reads the recording."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def cells(lines: list[str]) -> list[list[str]]:
+    """Each table line split into its stripped cells (title and rules left out)."""
+    return [[cell.strip() for cell in line.strip()[1:-1].split(line.strip()[0])]
+            for line in lines if line.strip()[:1] in ("┃", "│")]
+
+
+def leg(address: str, messages: int, unacked: int) -> LegOutcome:
+    planned = DemoPlan(messages).messages_for(address.rpartition(".")[2])
+    handled = Counter({p.index: 1 for p in planned if p.kind is Kind.NORMAL})
+    handled.update({p.index: 3 for p in planned if p.kind is Kind.POISON})
+    kinds = Counter(p.kind for p in planned)
+    return LegOutcome(address, planned, handled, dead_letters=kinds[Kind.POISON],
+                      expired_copies=kinds[Kind.SHORT_LIVED], failover_unacked=unacked)
+
+
+@pytest.mark.parametrize("messages", [60, 100_000])  # the smallest and largest run -n allows
+def test_demo_traffic_table_is_whole_at_80_columns(messages: int) -> None:
+    base = "demo.m0NriKMy"
+    legs = [leg(f"{base}.orders", messages, 0), leg(f"{base}.payments", messages, 10)]
+    lines = rendered(traffic_table(legs))
+
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert not any("…" in line for line in lines), "\n".join(lines)
+    rows = cells(lines)
+    # Header: two lines per address column ("orders" over "via sidecar").
+    assert rows[0] == ["", "orders", "payments"]
+    assert rows[1] == ["", "via sidecar", "via wrappers"]
+    body = {row[0]: row[1:] for row in rows[2:]}
+    assert list(body) == list(TRAFFIC_ROWS)  # each label on one line, none folded
+    normal = round(messages * 0.9)
+    poison = short = round(messages * 0.05)
+    assert body["messages (distinct)"] == [str(messages)] * 2
+    assert body["sent twice (copy rejected)"] == [str(round(messages * 0.1))] * 2
+    assert body["handled once / planned"] == [f"{normal}/{normal}"] * 2
+    assert body["dead-lettered / planned"] == [f"{poison}/{poison}"] * 2
+    assert body["expired / planned"] == [f"{short}/{short}"] * 2
+    assert body["handled twice"] == ["0", "0"]
+    assert body["unacked at the failover cut"] == ["-", "10"]
+    assert "what the clients saw (demo.m0NriKMy.*)" in lines[0]
+
+
+def test_results_table_right_aligns_numbers_and_keeps_text_whole() -> None:
+    rows = [{"address": "orders.eu.west", "strategy": "browse-and-move", "expired": 12,
+             "seconds": 0.25},
+            {"address": "payments", "strategy": "native", "expired": 3_000_000,
+             "seconds": 12.5}]
+    columns = ["address", "strategy", "expired", "seconds"]
+    table = results_table("mqguard reap", rows, columns)
+    assert [c.justify for c in table.columns] == ["left", "left", "right", "right"]
+    lines = rendered(table)
+    assert cells(lines)[1:] == [["orders.eu.west", "browse-and-move", "12", "0.250"],
+                                ["payments", "native", "3000000", "12"]]
+
+
+def test_a_narrow_terminal_folds_cells_instead_of_cutting_them() -> None:
+    address = "demo.m0NriKMy.payments.with.a.long.name"
+    table = results_table(None, [{"address": address, "configured_id_cache_size": 20000}],
+                          ["address", "configured_id_cache_size"])
+    lines = rendered(table, width=30)
+    assert not any("…" in line for line in lines), "\n".join(lines)
+    columns = list(zip(*cells(lines), strict=True))
+    assert "".join(columns[0]).replace(" ", "") == "address" + address
+    assert "".join(columns[1]).replace(" ", "") == "configured_id_cache_size20000"
+
+
+def test_print_table_writes_to_the_console_given(capsys: pytest.CaptureFixture[str]) -> None:
+    console = Console(width=WIDTH, record=True, file=_Sink())
+    print_table("t", [{"figure": "ratio", "value": 1.0}], ["figure", "value"], console=console)
+    assert "ratio" in console.export_text() and capsys.readouterr().out == ""
