@@ -735,6 +735,11 @@ class StompAdapter:
         self._reconnect_max_delay = max(self._reconnect_delay, reconnect_max_delay)
         self._forced_broker = broker
         self._dispatch_thread = bool(dispatch_thread)
+        #: Delivery callbacks begun and finished (each written by the one thread that runs
+        #: the callbacks: the receiver, or the dispatcher with ``dispatch_thread``), so that
+        #: unsubscribe() and close() can wait for a handler still running (_await_callbacks).
+        self._callbacks_begun = 0
+        self._callbacks_done = 0
         if self._passcode:
             _PasscodeFilter.secrets.add(self._passcode)
         self._ssl = {"ca_certs": ssl_ca_certs, "cert_file": ssl_cert_file,
@@ -934,7 +939,9 @@ class StompAdapter:
         """
         on_delivery_thread = self.on_delivery_thread()
         if not on_delivery_thread and not self._dispatch_thread:
-            # Let deferred work (the guard's dead-letter moves) finish while still connected.
+            # Let a running handler and deferred work (the guard's dead-letter moves,
+            # delayed re-sends) finish while still connected.
+            self._await_callbacks(self._receipt_timeout)
             self._dispatcher.drain(self._receipt_timeout)
         with self._lock:
             if self._state == "closed":
@@ -1147,13 +1154,28 @@ class StompAdapter:
             return
         self._call(sub, delivery)
 
-    @staticmethod
-    def _call(sub: _Subscription, delivery: Delivery) -> None:
+    def _call(self, sub: _Subscription, delivery: Delivery) -> None:
+        self._callbacks_begun += 1
         try:
             sub.callback(delivery)
         except Exception:
             log.exception("delivery callback of subscription %s (%s) raised; the message stays "
                           "unacknowledged", sub.id, sub.address)
+        finally:
+            self._callbacks_done += 1
+
+    def _await_callbacks(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the delivery callback running now has returned.
+
+        A handler that fails while its consumer closes still has its outcome to settle
+        (ActiveMQ: a delayed re-send deferred to the dispatcher, then the original's ACK);
+        unsubscribing first would drop its ack token, so the broker would redeliver the
+        message at once, skipping the redelivery delay, besides the delayed copy.
+        """
+        target = self._callbacks_begun
+        deadline = time.monotonic() + timeout
+        while self._callbacks_done < target and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     @staticmethod
     def _native_count(broker: str, sub: _Subscription, headers: Mapping[str, str]) -> int | None:
@@ -1432,6 +1454,7 @@ class StompAdapter:
         ``receipt_timeout``, so that their acks precede the UNSUBSCRIBE.
         """
         if not self._dispatch_thread and not self.on_delivery_thread():
+            self._await_callbacks(self._receipt_timeout)
             self._dispatcher.drain(self._receipt_timeout)
         with self._lock:
             sub = self._subs.pop(subscription_id, None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 import stomp  # type: ignore[import-untyped]
 
+from mqguard.adapter import Delivery
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
 from mqguard.errors import Nack
@@ -147,6 +149,21 @@ def test_sidecar_nack_then_disconnect(
     assert _failures(caplog) == []
 
 
+class _Consumer(GuardedConsumer):
+    """Says when the guard has finished with a delivery (the handler returned or raised
+    and its outcome -- here a redelivery arranged or held -- was decided). A close while
+    the handler still runs is another case: the adapter then gives the delivery back to
+    the broker at once (see ``StompAdapter.unsubscribe``)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.handled = threading.Event()
+
+    def _on_delivery(self, delivery: Delivery) -> None:
+        super()._on_delivery(delivery)
+        self.handled.set()
+
+
 @pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("kind", BROKERS)
 def test_wrapper_close_right_after_a_failure(
@@ -175,9 +192,10 @@ def test_wrapper_close_right_after_a_failure(
                     failed_at.append(time.monotonic())
                     raise Nack(f"round {n} fails")
 
-            with GuardedConsumer(open_adapter(url), unique_name, handler, guard):
-                wait_for(lambda seen=seen: seen, DELAY_MS / 1000 + 10, f"delivery {n + 1}")
-                # Closed as soon as the handler has returned: nothing waits here.
+            consumer = _Consumer(open_adapter(url), unique_name, handler, guard)
+            with consumer:
+                wait_for(consumer.handled.is_set, DELAY_MS / 1000 + 10, f"delivery {n + 1}")
+                # Closed as soon as the guard is done with the delivery: nothing waits here.
             assert seen[0].delivery_count == n + 1
         check_gaps(kind, [round(a - t, 3)
                           for t, a in zip(failed_at, arrived_at[1:], strict=True)])
@@ -235,3 +253,45 @@ def test_sidecar_nack_then_connection_closed_keeps_the_delay_activemq(
     assert frame.body == "retry me"
     check_gaps("activemq", [round(at - nacked_at, 3)])
     assert _failures(caplog) == []
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_wrapper_close_while_the_handler_fails(
+        kind: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path, unique_name: str) -> None:
+    """The consumer is closed while its handler is still running, and the handler then
+    fails: the close waits for the handler, so its failure is handled as any other (on
+    ActiveMQ the delayed re-send and the original's ACK go out before the UNSUBSCRIBE)."""
+    caplog.set_level(logging.INFO, logger="mqguard")
+    url = request.getfixturevalue(f"{kind}_server").urls["stomp"]
+    guard = Guard(parse_config({
+        "mqguard": {"node-id": "close-while-failing",
+                    "event-log": {"directory": str(tmp_path / "events"),
+                                  "flush-interval-ms": 20}},
+        "address-settings": _settings(unique_name)})).start()
+    try:
+        with GuardedProducer(open_adapter(url), guard) as producer:
+            producer.send(unique_name, b"retry me")
+        running = threading.Event()
+        failed_at: list[float] = []
+
+        def slow_failure(message: Message) -> None:
+            running.set()
+            time.sleep(0.3)  # the close below starts meanwhile
+            failed_at.append(time.monotonic())
+            raise Nack("fails while the consumer closes")
+
+        with GuardedConsumer(open_adapter(url), unique_name, slow_failure, guard):
+            wait_for(running.is_set, 10, "the first delivery")
+        assert failed_at, "the close returned before the handler"
+        again: list[tuple[float, int]] = []
+        with GuardedConsumer(open_adapter(url), unique_name,
+                             lambda m: again.append((time.monotonic(), m.delivery_count)),
+                             guard):
+            wait_for(lambda: again, DELAY_MS / 1000 + 10, "the redelivery")
+            time.sleep(DELAY_MS / 1000 + 1.2)  # a second copy would arrive meanwhile
+        assert [count for _, count in again] == [2]
+        check_gaps(kind, [round(again[0][0] - failed_at[0], 3)])
+        assert _failures(caplog) == []
+    finally:
+        guard.close()
