@@ -2,12 +2,10 @@
 
 A local audit starts a JVM that loads and verifies some 12,000 Spark, Scala and
 Hadoop classes before it reads an event, and the first queries run while more
-are loaded: on the 2-core reference machine the session took 9-12 s to start and
-a first trivial query 4-7 s more. Java's application class-data sharing (CDS,
-JDK 13+) maps classes a previous run archived instead, already parsed and
-verified: measured with an archive, the session started in 7.4-7.8 s against
-11.9-12.2 s without, and the first query took 3.9-4.5 s against 4.8-7.3 s (load
-average 3).
+are loaded: the session start and the first trivial query take seconds. Java's
+application class-data sharing (CDS, JDK 13+) maps classes a previous run archived
+instead, already parsed and verified, which takes seconds off both (on 2 vCPUs the
+session starts in about 4 s instead of 8: docs/benchmarks.md).
 
 The archive is made once per machine, JDK and PySpark version
 (``mqguard audit --prepare``, or the first ``mqguard bench audit``): a child

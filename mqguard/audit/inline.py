@@ -3,8 +3,8 @@
 PySpark's ``createDataFrame(list, schema)`` ships the rows as a Python RDD
 (``parallelize``): the first job that reads them starts Python worker processes to
 unpickle a few rows. In an audit that was the first job of the session: 2 tasks of
-2.3-2.5 s wall each for 0.06 s of CPU (the workers' start, at 10 million events on the
-reference 2-core machine), before the main pass could begin.
+over 2 s wall each for a few hundredths of a second of CPU (the workers' start), before
+the main pass could begin.
 
 :func:`local_frame` writes the rows as SQL instead (``SELECT CAST(col1 AS ...) FROM
 VALUES ...``): Spark turns an inline table into a ``LocalRelation``, which the driver

@@ -72,7 +72,7 @@ def _in(*codes: int) -> str:
 
 # The expressions below are SQL text, one ``F.expr`` per output column: built with
 # the Column API they took ~7,800 Py4J round trips (1,600 for this projection), each
-# 0.2-1.4 ms on a busy 2-core machine -- seconds of driver time before a job ran.
+# a fraction of a millisecond or more -- seconds of driver time before a job ran.
 
 
 def narrow(events: DataFrame, options: CheckOptions | None = None) -> DataFrame:

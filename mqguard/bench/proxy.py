@@ -105,7 +105,7 @@ SIDECAR_MODES = ("thread", "process")
 #: the extra hop alone, nothing decoded). Both run as processes of their own.
 BASELINES: tuple[str, ...] = ("bare", "relay")
 
-#: The goals of issue 6.
+#: The targets the sidecar path is measured against (docs/benchmarks.md).
 GOALS: dict[str, float] = {"send_ratio": 0.8, "consume_ratio": 0.8, "added_p99_ms": 2.0}
 
 

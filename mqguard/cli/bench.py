@@ -2,8 +2,8 @@
 
 Each benchmark runs with no arguments on a fresh machine (it installs and
 starts the local servers it needs and stops them afterwards); given URLs, it
-uses those servers. Figures are ratios measured in the same run, because the
-machines we run on are shared and noisy.
+uses those servers. Figures are ratios measured in the same run, because single
+rates swing between runs on a small or shared machine (docs/benchmarks.md).
 """
 
 from __future__ import annotations
