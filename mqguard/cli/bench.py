@@ -45,9 +45,9 @@ def bench() -> None:
 @click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
               help="Rounds per case; medians are reported. Within a round raw and "
                    "guarded alternate batch by batch (produce) or drain by drain of 1000 "
-                   "messages (consume). Five, not three: on a shared 2-core machine one "
-                   "round's ratio swings from 0.6 to 1.5, and the median of three still "
-                   "followed single bad rounds.")
+                   "messages (consume). Five by default: on a small or shared machine one "
+                   "round's ratio can swing from 0.6 to 1.5, and a median of three "
+                   "follows single bad rounds.")
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=2000, show_default=True,
               help="Messages per case sent or consumed on both sides, untimed, before the "
                    "first round: a freshly started broker is several times slower until "
