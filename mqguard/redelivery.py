@@ -26,6 +26,11 @@ delivery without a plugin. Where a message is *held*, the broker still owns it
 (unacknowledged): a crash hands it to the next consumer at once, so nothing is
 lost but the delay restarts from zero; a held message also occupies one slot of
 the subscription's prefetch / receive window until it is due.
+
+A consumer that leaves cleanly right after a failure keeps the delay only with
+``broker-delay``: the re-send and the original's ACK are deferred work on the
+consumer's connection, which a close (the wrapper) or a DISCONNECT (the sidecar)
+waits for. A held delivery goes back to the broker with its connection, at once.
 """
 
 from __future__ import annotations
