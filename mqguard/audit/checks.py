@@ -100,6 +100,10 @@ ANOMALIES = frozenset(c.name for c in CLASSES if c.anomaly)
 #: Synthetic event type: the row a ``moved`` event contributes to its copy's id.
 COPIED = "copied"
 TERMINAL = (E.ACKED, E.DEAD_LETTERED, E.EXPIRED, E.DELIVERY_DROPPED)
+#: The terminal types by precedence, for a message's fate when two share its first
+#: millisecond: a dead-lettered or expired message's ack (reason killed / expired) is
+#: written in the same millisecond as the move, and the move is what happened to it.
+FATE_PRECEDENCE = (E.DEAD_LETTERED, E.EXPIRED, E.DELIVERY_DROPPED, E.ACKED)
 DELIVER_PATH = (E.DELIVERED, E.HANDLER_FAILED, E.ACKED, E.NACKED, E.DELIVERY_DROPPED,
                 E.REDELIVERY_SCHEDULED, E.DEAD_LETTERED, E.EXPIRED,
                 E.DUPLICATE_DELIVERY_SUPPRESSED, E.DUPLICATE_DELIVERY_LOGGED)
@@ -123,6 +127,12 @@ def _types(*names: str) -> Column:
 
 def _is(name: str) -> Column:
     return F.col("type") == F.lit(str(name))
+
+
+def _fate_rank() -> Column:
+    """A terminal event's place in :data:`FATE_PRECEDENCE` (a tie-break at equal times)."""
+    return F.coalesce(*[F.when(_is(name), F.lit(rank))
+                        for rank, name in enumerate(FATE_PRECEDENCE)]).alias("rank")
 
 
 def event_rows(events: DataFrame) -> DataFrame:
@@ -227,7 +237,7 @@ def message_facts(events: DataFrame, options: CheckOptions = CheckOptions()) -> 
         F.count_if(delivered).alias("delivered"),
         F.min(F.when(terminal, F.col("ts"))).alias("terminal_ts"),
         # The first terminal event's type: the fate drawn in the report's timeline.
-        F.min(F.when(terminal, F.struct("ts", "type")))["type"].alias("fate"),
+        F.min(F.when(terminal, F.struct("ts", _fate_rank(), "type")))["type"].alias("fate"),
         F.min(F.when(readable, F.col("ts"))).alias("first_ts"),
         F.max(F.when(readable, F.col("ts"))).alias("last_ts"),
         F.max(F.when(_is(E.REDELIVERY_SCHEDULED),

@@ -43,6 +43,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from mqguard.audit.checks import (
     COPIED,
     DELIVER_PATH,
+    FATE_PRECEDENCE,
     TERMINAL,
     CheckOptions,
     event_rows,
@@ -51,9 +52,9 @@ from mqguard.audit.inline import local_frame
 from mqguard.events import EventType as E
 from mqguard.verdict import AckReason
 
-#: Terminal types in string order: the code breaks a tie at the same millisecond as
-#: the writing-order plan's ``min(struct(ts, type))`` does.
-FATES: tuple[str, ...] = tuple(sorted(str(t) for t in TERMINAL))
+#: Terminal types by precedence: the code breaks a tie at the same millisecond as the
+#: writing-order plan's ``min(struct(ts, rank, type))`` does.
+FATES: tuple[str, ...] = tuple(str(t) for t in FATE_PRECEDENCE)
 _FATE_BITS = 8  # codes 0..len(FATES)-1 under ts * 8
 
 _POSITION = "DECIMAL(38, 0)"

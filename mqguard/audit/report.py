@@ -6,9 +6,9 @@ to a CI run or opened on an air-gapped machine. Text stays text in the SVG
 (``svg.fonttype = none``), which keeps a report of a few charts around 100 kB.
 
 Contents: the verdict and input figures, counts per class, fates per address
-over time (stacked per time bucket: acked, dead-lettered, expired, dropped, no
-fate yet), the delivery-count histogram, findings per class and address, and the
-first findings of each class with their details.
+over time (per time bucket a bar per fate, log scale: acked, dead-lettered,
+expired, dropped, no fate yet), the delivery-count histogram, findings per
+class and address, and the first findings of each class with their details.
 
 Spark side (:func:`chart_data`): one aggregation over the message facts the
 audit already holds, so only a few hundred rows reach the driver.
@@ -117,45 +117,117 @@ def _iso(epoch_ms: int) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def timeline_chart(data: Mapping[str, Any]) -> str | None:
-    """Stacked fates per time bucket, one panel per busy address."""
+def _iso_ms(epoch_ms: int) -> str:
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+#: Units of the timeline's x-axis, smallest first (see :func:`_time_unit`).
+_UNITS = (("milliseconds", 1), ("seconds", 1_000), ("minutes", 60_000), ("hours", 3_600_000),
+          ("days", 86_400_000))
+#: Labels of the fates in the timeline's legend and panel titles.
+FATE_LABELS = {"acked": "acked", "dead_lettered": "dead_lettered", "expired": "expired",
+               "delivery_dropped": "delivery_dropped", "none": "no terminal event"}
+
+
+def _time_unit(span_ms: int) -> tuple[str, int]:
+    """The largest unit the span shown is at least two of: ticks read 0, 1, 2 s rather
+    than 0.000, 0.010, 0.020 min."""
+    chosen = _UNITS[0]
+    for name, ms in _UNITS:
+        if span_ms >= 2 * ms:
+            chosen = (name, ms)
+    return chosen
+
+
+def _count_label(value: float, _: Any) -> str:
+    return f"{value:,.0f}" if value >= 1 else ""
+
+
+def timeline_figure(data: Mapping[str, Any]) -> Any:
+    """The fates-over-time chart as a matplotlib figure (None when there is nothing to draw).
+
+    One panel per busy address. In each time bucket every fate has its own bar, side by
+    side, on a log scale: a few dead-lettered or expired messages stay visible next to
+    thousands acknowledged, which a stack of linear bands hid. The x-axis spans the
+    buckets that hold messages, not the audit's whole time range: messages are placed by
+    send time, and a run's sends end well before its last event. The legend names every
+    fate present with its total; each panel's title gives its own totals.
+    """
     rows = data["rows"]
     if not rows:
         return None
     plt = _pyplot()
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     totals: dict[str, int] = defaultdict(int)
     for address, _, _, _, count in rows:
         totals[address] += count
     busiest = sorted(totals, key=lambda a: (-totals[a], a))
     shown = busiest[:MAX_ADDRESSES] + ([OTHER] if len(busiest) > MAX_ADDRESSES else [])
-    series: dict[str, dict[str, list[int]]] = {
-        a: {f: [0] * BUCKETS for f in FATES} for a in shown}
+    buckets = [min(max(bucket, 0), BUCKETS - 1) for _, bucket, _, _, count in rows if count]
+    first, last = min(buckets), max(buckets)
+    span = last - first + 1
+    series: dict[str, dict[str, list[int]]] = {a: {f: [0] * span for f in FATES} for a in shown}
     for address, bucket, fate, _, count in rows:
         panel = address if address in series else OTHER
-        series[panel][fate if fate in FATES else "none"][min(bucket, BUCKETS - 1)] += count
-    # A fate that never happened would only add an empty band and a legend entry.
-    fates = [f for f in FATES if any(any(series[a][f]) for a in shown)]
-    start, width = data["first_ts"], data["width_ms"]
-    minutes = [(b * width) / 60_000 for b in range(BUCKETS)]
+        at = min(max(bucket, 0), BUCKETS - 1) - first
+        series[panel][fate if fate in FATES else "none"][at] += count
+    fate_totals = {f: sum(sum(series[a][f]) for a in shown) for f in FATES}
+    # A fate that never happened would only add an empty bar slot and a legend entry.
+    fates = [f for f in FATES if fate_totals[f]]
+    width_ms = data["width_ms"]
+    unit, unit_ms = _time_unit(span * width_ms)
+    step = width_ms / unit_ms
+    origin = data["first_ts"] + first * width_ms
     columns = 2 if len(shown) > 1 else 1
     lines = -(-len(shown) // columns)
-    figure, axes = plt.subplots(lines, columns, figsize=(5 * columns, 1.9 * lines),
+    figure, axes = plt.subplots(lines, columns, figsize=(5 * columns, 2.3 * lines),
                                 squeeze=False, sharex=True)
     for index, address in enumerate(shown):
         axis = axes[index // columns][index % columns]
-        axis.stackplot(minutes, *[series[address][f] for f in fates], labels=fates,
-                       colors=[FATE_COLOURS[f] for f in fates], step="post")
-        axis.set_title(address, fontsize=9, loc="left")
+        peak = 1
+        # A bucket is shared by the fates of this panel only: wider bars where few
+        # fates happened (the colours, not the positions, tell the fates apart).
+        here = [f for f in fates if any(series[address][f])]
+        slot = step / max(1, len(here))
+        for offset, fate in enumerate(here):
+            counts = series[address][fate]
+            drawn = [(b, c) for b, c in enumerate(counts) if c]
+            peak = max(peak, *(c for _, c in drawn))
+            axis.bar([b * step + offset * slot for b, _ in drawn], [c for _, c in drawn],
+                     width=slot, align="edge", color=FATE_COLOURS[fate], label=fate,
+                     log=True)
+        # Down to half a message, so that a bucket's single message is a visible bar.
+        axis.set_ylim(0.5, peak * 2)
+        axis.yaxis.set_major_locator(LogLocator(base=10))
+        axis.yaxis.set_major_formatter(FuncFormatter(_count_label))
+        axis.set_xlim(0, span * step)
+        mine = [f"{FATE_LABELS[f]} {sum(series[address][f]):,}" for f in here]
+        axis.set_title(address + "\n" + " \u00b7 ".join(mine), fontsize=8, loc="left")
         axis.set_ylabel("messages")
+    bottom = list(axes[-1])
     for index in range(len(shown), lines * columns):
         axes[index // columns][index % columns].set_visible(False)
-    for axis in axes[-1]:
-        axis.set_xlabel(f"minutes after {_iso(start)} (by send time)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="upper center", ncol=len(fates), frameon=False,
-                  bbox_to_anchor=(0.5, 1.02))
-    figure.tight_layout(rect=(0, 0, 1, 0.96))
-    return _svg(figure)
+        # The panel above an empty slot is the last of its column: it takes the x-axis.
+        bottom[index % columns] = axes[index // columns - 1][index % columns]
+    for axis in bottom:
+        axis.xaxis.set_tick_params(labelbottom=True)
+        axis.set_xlabel(f"{unit} after {_iso_ms(origin)} (by send time)")
+    handles = [Patch(color=FATE_COLOURS[f], label=f"{FATE_LABELS[f]} ({fate_totals[f]:,})")
+               for f in fates]
+    figure.tight_layout()
+    # Above the panels, whatever their number (the SVG is cropped to what is drawn).
+    figure.legend(handles=handles, loc="lower center", ncol=len(fates), frameon=False,
+                  bbox_to_anchor=(0.5, 1.0))
+    return figure
+
+
+def timeline_chart(data: Mapping[str, Any]) -> str | None:
+    """:func:`timeline_figure` as inline SVG."""
+    figure = timeline_figure(data)
+    return None if figure is None else _svg(figure)
 
 
 def histogram_chart(data: Mapping[str, Any]) -> str | None:
