@@ -162,10 +162,10 @@ class FaultProxy:
             log.debug("fault proxy: forcing close of %s", link.peer)
             for sock in link.sockets():
                 _reset_close(sock)
-        for sock in (self._listener, self._wake_r, self._wake_w):
-            if sock is not None:
+        for own in (self._listener, self._wake_r, self._wake_w):
+            if own is not None:
                 with suppress(OSError):
-                    sock.close()
+                    own.close()
 
     def __enter__(self) -> FaultProxy:
         return self if self._started else self.start()

@@ -271,9 +271,12 @@ def test_a_move_and_its_ack_in_one_millisecond_chart_as_the_move(
         monkeypatch.setattr(lean, "narrow", colliding)
     charted: list[Any] = []
     render = report.render
-    monkeypatch.setattr(report, "render",
-                        lambda summary, data, examples: charted.append(data)
-                        or render(summary, data, examples))
+
+    def keeping(summary: Any, data: Any, examples: Any) -> str:
+        charted.append(data)
+        return render(summary, data, examples)
+
+    monkeypatch.setattr(report, "render", keeping)
     result = run_audit(spark, AuditOptions([str(tmp_path / "events")],
                                            out=str(tmp_path / "out"),
                                            max_delivery_attempts=1))

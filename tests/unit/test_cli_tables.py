@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 
 import pytest
@@ -17,19 +18,10 @@ WIDTH = 80
 
 
 def rendered(table: Table, width: int = WIDTH) -> list[str]:
-    console = Console(width=width, record=True, color_system=None, file=_Sink())
+    # The recording is what the test reads; the file only keeps the output off stdout.
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
     console.print(table)
     return console.export_text(styles=False).splitlines()
-
-
-class _Sink:
-    """Swallows what the console writes: the test reads the recording."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 def cells(lines: list[str]) -> list[list[str]]:
@@ -98,6 +90,6 @@ def test_a_narrow_terminal_folds_cells_instead_of_cutting_them() -> None:
 
 
 def test_print_table_writes_to_the_console_given(capsys: pytest.CaptureFixture[str]) -> None:
-    console = Console(width=WIDTH, record=True, file=_Sink())
+    console = Console(width=WIDTH, record=True, file=io.StringIO())
     print_table("t", [{"figure": "ratio", "value": 1.0}], ["figure", "value"], console=console)
     assert "ratio" in console.export_text() and capsys.readouterr().out == ""
