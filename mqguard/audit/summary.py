@@ -13,13 +13,16 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from mqguard.audit.checks import CLASSES, FINDINGS_SCHEMA, FindingClass
 from mqguard.audit.inline import local_frame
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SUMMARY_VERSION = 1
 FINDINGS_DIR = "findings"
@@ -136,22 +139,30 @@ def write_summary(summary: Mapping[str, Any], out: str) -> str:
     return path
 
 
-def print_summary(summary: Mapping[str, Any]) -> None:
-    """A short table for a terminal: one row per class that has findings."""
+def print_summary(summary: Mapping[str, Any], console: Console | None = None) -> None:
+    """A short table for a terminal: one row per class that has findings.
+
+    ``console``: where to print (a new console on standard output by default). The
+    table fits 80 columns: example ids go one per line and the other columns narrow
+    first (an id is looked up whole); a cell that still does not fit folds onto the
+    next line rather than being cut.
+    """
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = console or Console()
     table = Table(title="mqguard audit")
     for column, justify in (("class", "left"), ("kind", "left"), ("count", "right"),
-                            ("addresses", "right"), ("examples", "left")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+                            ("addresses", "right")):
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    # Not wrapped: the other columns give way first; folded only past that.
+    table.add_column("examples", no_wrap=True, overflow="fold")
     for name, entry in summary["classes"].items():
         if not entry["count"]:
             continue
         examples = [e for a in entry["by_address"].values() for e in a["examples"]][:2]
         table.add_row(name, "anomaly" if entry["anomaly"] else "info", f"{entry['count']:,}",
-                      str(len(entry["by_address"])), ", ".join(examples))
+                      str(len(entry["by_address"])), "\n".join(examples))
     if table.row_count:
         console.print(table)
     verdict = ("[bold green]no anomalies[/]" if summary["ok"]

@@ -272,9 +272,7 @@ def _audit(console: Console, out_dir: Path, events_dir: Path, config: MqguardCon
     finally:
         if owned:
             spark.stop()
-    # The spinner goes first: print_summary writes through a console of its own, whose
-    # lines would otherwise start on the spinner's line.
-    status.stop()
-    print_summary(result.summary)
+    status.stop()  # the audit is over: its summary is the spinner's last word
+    print_summary(result.summary, console)
     console.print(f"audit summary: {(audit_dir / 'summary.json').resolve()}")
     return result.summary

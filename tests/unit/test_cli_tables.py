@@ -93,3 +93,36 @@ def test_print_table_writes_to_the_console_given(capsys: pytest.CaptureFixture[s
     console = Console(width=WIDTH, record=True, file=io.StringIO())
     print_table("t", [{"figure": "ratio", "value": 1.0}], ["figure", "value"], console=console)
     assert "ratio" in console.export_text() and capsys.readouterr().out == ""
+
+
+def test_audit_summary_keeps_example_ids_whole_at_80_columns() -> None:
+    """What ``mqguard audit`` and the demo print: a class name may fold, an example id
+    (looked up in the findings) is never split or cut."""
+    from mqguard.audit.checks import CLASSES
+    from mqguard.audit.cross_checks import CROSS_CLASSES
+    from mqguard.audit.summary import print_summary
+
+    ids = ["zxE_MvKmcUnegmDLE8Ms.16", "zxE_MvKmcUnegmDLE8Ms.33"]
+    found = {"broker_dead_letter_unrecorded", "unseen", "dead_letter_not_moved"}
+    classes = {c.name: {"anomaly": c.anomaly, "description": c.description,
+                        "count": 1234 if c.name in found else 0,
+                        "by_address": {"demo.UzCdyna0.payments": {"count": 1234,
+                                                                  "examples": ids}}
+                        if c.name in found else {}}
+               for c in (*CLASSES, *CROSS_CLASSES)}
+    summary = {"classes": classes, "ok": False, "anomalies": 2468, "events": 540,
+               "bad_lines": 0, "files": 2, "messages": 144,
+               "watermark_time": "2026-11-26T14:57:28.088Z",
+               "watermark_source": "last event - 0 ms", "out": "/tmp/demo/audit"}
+    console = Console(width=WIDTH, record=True, color_system=None, file=io.StringIO())
+    print_summary(summary, console)
+    lines = console.export_text(styles=False).splitlines()
+
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert not any("…" in line for line in lines), "\n".join(lines)
+    rows = cells(lines)
+    assert rows[0] == ["class", "kind", "count", "addresses", "examples"]
+    assert [row[4] for row in rows[1:]] == ids * len(found)
+    names = "".join(row[0] for row in rows[1:])
+    for name in found:
+        assert name in names, name
