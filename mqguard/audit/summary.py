@@ -171,6 +171,6 @@ def print_summary(summary: Mapping[str, Any], console: Console | None = None) ->
         f"{summary['events']:,} events ({summary['bad_lines']:,} unreadable) in "
         f"{summary['files']} file(s), {summary['messages']:,} messages, watermark "
         f"{summary['watermark_time']} ({summary['watermark_source']}): {verdict}. "
-        f"Details: {summary['out']}")
+        f"Details: {summary['out']}", soft_wrap=False)  # wrapped at words, whatever console
     if summary.get("report"):
         console.print(f"Report: {summary['report']}", highlight=False, soft_wrap=True)

@@ -114,7 +114,9 @@ def test_audit_summary_keeps_example_ids_whole_at_80_columns() -> None:
                "bad_lines": 0, "files": 2, "messages": 144,
                "watermark_time": "2026-11-26T14:57:28.088Z",
                "watermark_source": "last event - 0 ms", "out": "/tmp/demo/audit"}
-    console = Console(width=WIDTH, record=True, color_system=None, file=io.StringIO())
+    # As the demo's console: long lines are not wrapped unless a printer asks.
+    console = Console(width=WIDTH, record=True, color_system=None, file=io.StringIO(),
+                      soft_wrap=True)
     print_summary(summary, console)
     lines = console.export_text(styles=False).splitlines()
 
