@@ -34,6 +34,8 @@ from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+__all__ = ["Direction", "FaultProxy"]
+
 log = logging.getLogger(__name__)
 
 Direction = Literal["upstream", "downstream", "both"]
