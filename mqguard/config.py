@@ -8,7 +8,6 @@ these at 3 a.m.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import tomllib
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mqguard.errors import ConfigError
+from mqguard.redact import AMBIGUOUS_USERINFO, redact_urls_in, userinfo_is_ambiguous
 from mqguard.settings import AddressSettingsRepository, AddressSettingsTable
 
 DEFAULT_CONFIG_FILE = "mqguard.toml"
@@ -59,14 +59,24 @@ class EventLogConfig(_Section):
 class SidecarConfig(_Section):
     """``[mqguard.sidecar]``: limits and behaviour of ``mqguard sidecar`` (docs/sidecar.md)."""
 
-    #: Largest frame (headers and body) accepted from a client or the broker.
+    #: Largest frame (headers and body) accepted from a client. The broker leg accepts
+    #: more (what the broker and mqguard add to a message), so whatever a client may send
+    #: can be delivered back (docs/sidecar.md, "Message size and the broker leg").
     max_frame_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
-    #: Most headers in one frame.
+    #: Most headers in one frame from a client (the broker leg: 80 more).
     max_header_count: int = Field(128, ge=8, le=100_000)
-    #: Longest ``name:value`` header line, in bytes.
+    #: Longest ``name:value`` header line from a client, in bytes, as sent (escaped); the
+    #: broker leg takes twice that (STOMP escaping at most doubles a line), 8 KiB at least.
     max_header_line_bytes: int = Field(8192, ge=256, le=16 * 1024 * 1024)
     #: Client connections served at once; more are refused with an ERROR frame.
     max_connections: int = Field(1024, ge=1, le=1_000_000)
+    #: Largest frame a client may send before the broker's CONNECTED (its CONNECT is tiny):
+    #: an unauthenticated connection cannot make the sidecar buffer more than this.
+    max_handshake_frame_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    #: Connections still waiting for their CONNECT, at most (and at most half of the
+    #: sessions served); when full, the oldest one is closed with an ERROR frame, so a
+    #: flood of idle connections cannot crowd out clients.
+    max_pending_handshakes: int = Field(256, ge=1, le=1_000_000)
     #: Time allowed for a client's CONNECT frame, and for the broker to answer it.
     connect_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     #: On shutdown, how long in-flight frames (unconfirmed sends, receipts) may take.
@@ -122,6 +132,8 @@ class GroupConfig(_Section):
             except ValueError:
                 port = None
             where = _redact(url)
+            if userinfo_is_ambiguous(url):
+                raise ValueError(f"node {where!r}: {AMBIGUOUS_USERINFO}")
             if not parts.scheme or not parts.hostname or port is None:
                 raise ValueError(f"node {where!r} must be a broker URL with scheme, host "
                                  "and port (stomp://127.0.0.1:61613)")
@@ -236,12 +248,10 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts).replace(".[", "[")
 
 
-_URL_PASSWORD = re.compile(r"(://[^:/@\s'\"]*):[^@/\s'\"]*@")
-
-
 def _redact(text: str) -> str:
-    """``text`` with every ``scheme://user:password@`` password replaced by ``***``."""
-    return _URL_PASSWORD.sub(r"\1:***@", text)
+    """``text`` with the user-info of every URL in it masked (passwords holding URL
+    delimiters included: :func:`mqguard.redact.redact_urls_in`)."""
+    return redact_urls_in(text)
 
 
 def _validation_error(source: str, error: ValidationError,

@@ -18,20 +18,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
 import json
 import logging
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from mqguard.config import MqguardConfig, SidecarConfig
 from mqguard.errors import ConfigError
 from mqguard.pipeline import Guard
-from mqguard.registry import redact_url
+from mqguard.redact import AMBIGUOUS_USERINFO, redact_url, userinfo_is_ambiguous
+from mqguard.sidecar.admin import (
+    RequestTooLarge,
+    UpstreamProbe,
+    linger_and_close,
+    read_request_line,
+)
 from mqguard.sidecar.connection import FrameConnection
 from mqguard.sidecar.eventloop import loop_factory
+from mqguard.sidecar.fdlimit import FDS_PER_SESSION, SpareDescriptor, descriptor_budget
 from mqguard.sidecar.frames import (
     CLIENT_COMMANDS,
     Frame,
@@ -48,6 +60,10 @@ log = logging.getLogger("mqguard.sidecar")
 
 #: Addresses the reaper learns from traffic, at most (configured ones always count).
 MAX_WATCHED_ADDRESSES = 10_000
+#: Errors of accept() that mean the process (or system) is out of descriptors or memory.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: Seconds between two log lines about clients refused for want of descriptors.
+_FD_WARNING_INTERVAL = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +83,17 @@ class Upstream:
 
 def parse_upstream(url: str, *, cafile: str | None = None,
                    insecure: bool = False) -> Upstream:
-    """``stomp://host:port`` or ``stomp+ssl://host:port``; ConfigError otherwise."""
-    parts = urlsplit(url)
+    """``stomp://host:port`` or ``stomp+ssl://host:port``; ConfigError otherwise.
+
+    Errors show the URL masked (:func:`mqguard.redact.redact_url`); a password holding an
+    unencoded ``/``, ``?`` or ``#`` is refused: a parser would connect to part of it.
+    """
+    if userinfo_is_ambiguous(url):
+        raise ConfigError(f"--upstream {redact_url(url)!r}: {AMBIGUOUS_USERINFO}")
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unbalanced "[" or "]"
+        raise ConfigError(f"--upstream {redact_url(url)!r} is not a valid URL") from None
     if parts.scheme not in ("stomp", "stomp+ssl"):
         raise ConfigError(f"--upstream {redact_url(url)!r}: scheme must be stomp:// or "
                           "stomp+ssl://")
@@ -121,7 +146,6 @@ class Sidecar:
         self.guard = guard if guard is not None else Guard(config, role="sidecar")
         self.sessions: set[ProxySession] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
         self._admin: asyncio.Server | None = None
         self._stopping = False
         self._reap_addresses = list(dict.fromkeys(reap_addresses))
@@ -137,15 +161,33 @@ class Sidecar:
         self.admin_port = 0
         #: The collector settings of a sidecar that owns its process (see gctune).
         self._gc = GcTuning()
+        #: Sessions served at once: max-connections, or fewer if the limit on open files
+        #: does not allow that many (set at start, see fdlimit).
+        self.max_sessions = self.config.max_connections
+        #: Sessions still waiting for their CONNECT, oldest first (see _accept).
+        self._handshakes: dict[ProxySession, None] = {}
+        self.max_handshakes = self._handshake_budget()
+        self._listeners: list[socket.socket] = []
+        self._accept_tasks: list[asyncio.Task[None]] = []
+        #: Accepted sockets whose transport (and TLS handshake) is still being set up.
+        self._setting_up = 0
+        self._spare: SpareDescriptor | None = None
+        self._fd_refusals = 0
+        self._fd_warned_at = 0.0
 
     # -- start / stop --------------------------------------------------------------------
 
     async def start(self) -> None:
         self.guard.start()
+        self._check_descriptors()
         host, port = self.listen_on
-        self._server = await asyncio.get_running_loop().create_server(
-            self.client_connection, host, port, ssl=self.tls)
-        self.port = self._server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        self._listeners = _listen(await loop.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE), port)
+        self.port = self._listeners[0].getsockname()[1]
+        self._spare = SpareDescriptor()
+        self._accept_tasks = [loop.create_task(self._accept_loop(sock))
+                              for sock in self._listeners]
         if self.admin_on is not None:
             self._admin = await asyncio.start_server(self._serve_admin, *self.admin_on)
             self.admin_port = self._admin.sockets[0].getsockname()[1]
@@ -164,8 +206,7 @@ class Sidecar:
         if self._stopping:
             return
         self._stopping = True
-        if self._server is not None:
-            self._server.close()
+        self._stop_listening()
         for session in list(self.sessions):
             session.shutdown()
         if self._tasks:
@@ -181,32 +222,184 @@ class Sidecar:
 
     # -- connections ---------------------------------------------------------------------
 
+    def _handshake_budget(self) -> int:
+        # At most half of the sessions: a flood of idle connections always leaves the
+        # other half to clients that finished their handshake.
+        return min(self.config.max_pending_handshakes, max(1, self.max_sessions // 2))
+
+    def _check_descriptors(self) -> None:
+        """Raise the soft limit on open files; serve no more sessions than it allows."""
+        budget = descriptor_budget(self.config.max_connections)
+        if budget.raised_from is not None:
+            log.debug("limit on open files raised from %d to %d", budget.raised_from,
+                      budget.soft)
+        self.max_sessions = budget.max_sessions
+        self.max_handshakes = self._handshake_budget()
+        if budget.shortfall(self.config.max_connections):
+            log.warning(
+                "max-connections = %d needs about %d file descriptors, but the limit on open "
+                "files is %s (hard limit %s, %d in use): at most %d sessions are served at "
+                "once, further clients are refused with an ERROR frame. Raise the limit "
+                "(ulimit -n, systemd LimitNOFILE=, docker --ulimit nofile=) or lower "
+                "max-connections.", self.config.max_connections,
+                self.config.max_connections * FDS_PER_SESSION + 32, budget.soft, budget.hard,
+                budget.in_use, budget.max_sessions)
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept clients one at a time, the others' reads served in between.
+
+        Not ``loop.create_server``: when accept() fails for want of descriptors, asyncio
+        logs a traceback and uvloop closes the client without a word; here the spare
+        descriptor makes room to tell the client why (see _refuse_unaccepted). And one
+        accept per loop turn: a server accepting its whole backlog at once under a flood
+        of idle connections would evict a real client's handshake (see _accept) before
+        reading the CONNECT that came with it.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._refuse_unaccepted(listener)
+                    # Let sessions end and free descriptors before trying again.
+                    await asyncio.sleep(0.01)
+                # Otherwise a client that left before it was accepted (ECONNABORTED...).
+                continue
+            if self.tls is not None and self._setting_up >= self.max_handshakes:
+                # TLS handshakes in progress count as pending handshakes; over the budget
+                # there is no way to say why in plain text.
+                self.metrics.connections_total.labels("refused").inc()
+                sock.close()
+                continue
+            self._setting_up += 1
+            if self.tls is None:
+                await self._set_up(sock)  # the transport is made within a loop turn
+                continue
+            task = loop.create_task(self._set_up(sock))  # a TLS handshake takes round trips
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            await asyncio.sleep(0)
+
+    async def _set_up(self, sock: socket.socket) -> None:
+        """Make the accepted socket a client connection (its TLS handshake included)."""
+        try:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            timeout = self.config.connect_timeout_ms / 1000.0
+            await asyncio.get_running_loop().connect_accepted_socket(
+                self.client_connection, sock, ssl=self.tls,
+                ssl_handshake_timeout=timeout if self.tls else None)
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            # A TLS handshake that failed or timed out: nothing to tell in plain text.
+            log.debug("client connection not set up: %s", type(exc).__name__)
+            with contextlib.suppress(OSError):
+                sock.close()
+        except asyncio.CancelledError:  # the sidecar stops
+            with contextlib.suppress(OSError):
+                sock.close()
+            raise
+        except Exception:
+            # A bug: the accept loop must go on serving the others.
+            log.exception("setting up a client connection failed inside the sidecar")
+            with contextlib.suppress(OSError):
+                sock.close()
+        finally:
+            self._setting_up -= 1
+
+    def _refuse_unaccepted(self, listener: socket.socket) -> None:
+        """Out of descriptors: free the spare one, accept, tell the client, close."""
+        self.metrics.connections_total.labels("refused").inc()
+        spare = self._spare
+        if spare is None or not spare.release():
+            return  # nothing to make room with; the client waits in the backlog
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            sock = None
+        try:
+            if sock is not None:
+                self._fd_refusals += 1
+                if self.tls is None:
+                    with contextlib.suppress(OSError):
+                        sock.setblocking(False)
+                        sock.send(_refusal("too many connections: the sidecar is out of file "
+                                           "descriptors; try again later"))
+                with contextlib.suppress(OSError):
+                    sock.close()
+        finally:
+            spare.take()
+        now = time.monotonic()
+        if self._fd_refusals and now - self._fd_warned_at >= _FD_WARNING_INTERVAL:
+            self._fd_warned_at = now
+            log.warning("out of file descriptors: %d client(s) refused with an ERROR frame "
+                        "(raise the limit on open files or lower max-connections)",
+                        self._fd_refusals)
+            self._fd_refusals = 0
+
+    def _stop_listening(self) -> None:
+        for task in self._accept_tasks:
+            task.cancel()
+        self._accept_tasks = []
+        for sock in self._listeners:
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._listeners = []
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
+
     def client_connection(self) -> FrameConnection:
         """The protocol of an accepted connection; its session starts once it is made."""
         # Client frames are always encoded again (see ProxySession._write_broker): no
         # need to keep their received octets.
         decoder = FrameDecoder(limits=self.limits, commands=CLIENT_COMMANDS, keep_wire=False)
-        return FrameConnection(decoder, self.metrics.bytes.labels("client"),
-                               on_made=self._accept)
+        return FrameConnection(
+            decoder, self.metrics.bytes.labels("client"), on_made=self._accept,
+            handshake_bytes=min(self.config.max_handshake_frame_bytes,
+                                self.config.max_frame_bytes))
 
     def _accept(self, connection: FrameConnection) -> None:
-        if self._stopping or len(self.sessions) >= self.config.max_connections:
-            reason = ("the sidecar is shutting down" if self._stopping
-                      else f"too many connections (max-connections = "
-                           f"{self.config.max_connections})")
+        if self._stopping or len(self.sessions) >= self.max_sessions:
+            if self._stopping:
+                reason = "the sidecar is shutting down"
+            elif self.max_sessions < self.config.max_connections:
+                reason = (f"too many connections (the sidecar's limit on open files allows "
+                          f"{self.max_sessions}; max-connections = "
+                          f"{self.config.max_connections})")
+            else:
+                reason = f"too many connections (max-connections = {self.max_sessions})"
             self.metrics.connections_total.labels("refused").inc()
             connection.stop_reading()
             with contextlib.suppress(Exception):
-                connection.write(encode(Frame("ERROR", [("message", reason)]), "1.0"))
+                connection.write(_refusal(reason))
                 assert connection.transport is not None
                 connection.transport.close()  # after the ERROR is written
             return
+        if len(self._handshakes) >= self.max_handshakes:
+            # The oldest pending handshake makes room, not the newest: under a flood of
+            # connections that never send CONNECT the budget is always full, and refusing
+            # newcomers would refuse every real client too; a real client sends its CONNECT
+            # at once, so it is never the oldest for long.
+            oldest = next(iter(self._handshakes))
+            del self._handshakes[oldest]
+            # Counted under its outcome ("no-connect") once it has ended.
+            oldest.evict(f"too many pending handshakes (max-pending-handshakes = "
+                         f"{self.max_handshakes}): no CONNECT in time")
         session = ProxySession(self, connection)
         self.sessions.add(session)
+        self._handshakes[session] = None
+        # Its CONNECT arrived: no longer evictable, even before the session has read it.
+        connection.on_first_frame = functools.partial(self.handshake_over, session)
         self.metrics.connections.inc()
         task = asyncio.get_running_loop().create_task(self._serve(session))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def handshake_over(self, session: ProxySession) -> None:
+        """``session`` has its CONNECT (or ended without one): no longer a pending handshake."""
+        self._handshakes.pop(session, None)
 
     async def _serve(self, session: ProxySession) -> None:
         try:
@@ -214,6 +407,7 @@ class Sidecar:
             self.metrics.connections_total.labels(_outcome_label(outcome)).inc()
         finally:
             self.sessions.discard(session)
+            self._handshakes.pop(session, None)
             self.metrics.connections.dec()
 
     # -- expiry reaper -------------------------------------------------------------------
@@ -304,46 +498,93 @@ class Sidecar:
 
     async def _serve_admin(self, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter) -> None:
+        """One HTTP request on the admin port, bounded (mqguard.sidecar.admin), then close."""
         try:
-            async with asyncio.timeout(5):
-                request = await reader.readline()
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass  # headers: none are needed
-            parts = request.decode("latin-1").split()
-            path = parts[1] if len(parts) >= 2 else ""
-            if len(parts) < 2 or parts[0] != "GET":
-                status, kind, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
-            elif path == "/metrics":
-                status, kind = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
-                body = self.metrics.render()
-            elif path == "/health":
-                healthy, report = await self.health()
-                status = "200 OK" if healthy else "503 Service Unavailable"
-                kind, body = "application/json", json.dumps(report).encode() + b"\n"
+            try:
+                async with asyncio.timeout(5):
+                    request = await read_request_line(reader)
+            except RequestTooLarge as refused:
+                log.debug("admin port: request refused (%s): %s", refused.status, refused)
+                status, kind, body = refused.status, "text/plain", f"{refused}\n".encode()
             else:
-                status, kind, body = "404 Not Found", "text/plain", b"try /metrics or /health\n"
+                parts = request.split()
+                path = parts[1] if len(parts) >= 2 else ""
+                if len(parts) < 2 or parts[0] != "GET":
+                    status, kind, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
+                elif path == "/metrics":
+                    status, kind = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                    body = self.metrics.render()
+                elif path == "/health":
+                    healthy, report = await self.health()
+                    status = "200 OK" if healthy else "503 Service Unavailable"
+                    kind, body = "application/json", json.dumps(report).encode() + b"\n"
+                else:
+                    status, kind, body = ("404 Not Found", "text/plain",
+                                          b"try /metrics or /health\n")
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: "
                          f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, OSError, UnicodeError):
-            pass
+            async with asyncio.timeout(5):
+                await writer.drain()
+        except (TimeoutError, ConnectionError, OSError, UnicodeError,
+                asyncio.IncompleteReadError):
+            pass  # the client left or stalled: nothing to answer
         finally:
-            with contextlib.suppress(Exception):
-                writer.close()
+            await linger_and_close(reader, writer)
+
+    @property
+    def _upstream_probe(self) -> UpstreamProbe:
+        # Made on first use: only a sidecar with an admin port asks.
+        probe: UpstreamProbe | None = self.__dict__.get("_probe")
+        if probe is None:
+            probe = self.__dict__["_probe"] = UpstreamProbe(self.upstream)
+        return probe
 
     async def health(self) -> tuple[bool, dict[str, object]]:
-        """Serving, and the broker accepts TCP connections."""
-        upstream_ok = True
-        try:
-            async with asyncio.timeout(2):
-                _, writer = await asyncio.open_connection(self.upstream.host, self.upstream.port)
-            writer.close()
-        except (OSError, TimeoutError):
-            upstream_ok = False
-        healthy = upstream_ok and not self._stopping
-        return healthy, {"status": "ok" if healthy else "unavailable",
-                         "stopping": self._stopping, "upstream_reachable": upstream_ok,
+        """Serving, and the broker answers a STOMP CONNECT (mqguard.sidecar.admin).
+
+        A broker that accepts TCP connections but does not answer (frozen, overloaded) is
+        unhealthy: its clients' CONNECTs time out. The check is cached briefly, so the
+        admin port cannot be used to flood the broker.
+        """
+        probe = await self._upstream_probe.check()
+        healthy = probe.ok and not self._stopping
+        reason = None
+        if self._stopping:
+            reason = "sidecar stopping"
+        elif not probe.ok:
+            reason = probe.detail
+        return healthy, {"status": "ok" if healthy else "unavailable", "reason": reason,
+                         "stopping": self._stopping, "upstream_reachable": probe.ok,
+                         "upstream_answer": probe.detail,
+                         "checked_ms_ago": round((time.monotonic() - probe.at) * 1000),
                          "connections": len(self.sessions), "upstream": self.upstream.where}
+
+
+def _refusal(reason: str) -> bytes:
+    return encode(Frame("ERROR", [("message", reason)]), "1.0")
+
+
+def _listen(infos: Sequence[tuple[Any, ...]], port: int) -> list[socket.socket]:
+    """Listening, non-blocking sockets on every address ``getaddrinfo`` gave (as asyncio's
+    create_server binds them); OSError if one cannot be bound."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            # With port 0, every address gets the free port the first one got.
+            sock.bind((address[0], port, *address[2:]))
+            sock.listen(128)
+            sock.setblocking(False)
+            port = sock.getsockname()[1]
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def _outcome_label(outcome: str) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import ssl
@@ -42,6 +43,8 @@ from mqguard.adapter import Delivery
 from mqguard.adapters.stomp import BROKER_MESSAGE_HEADERS, detect_broker, send_headers
 from mqguard.context import HookContext
 from mqguard.errors import AdapterError, Nack
+from mqguard.events import EventType
+from mqguard.hookcall import observe
 from mqguard.message import (
     Message,
     derived_message_id,
@@ -54,13 +57,17 @@ from mqguard.pipeline import _stamp_ids as stamp_ids
 from mqguard.sidecar.connection import FrameConnection, Items, QuickAck
 from mqguard.sidecar.frames import (
     HEARTBEAT,
+    MQGUARD_ADDED_HEADERS,
     SERVER_COMMANDS,
     Frame,
     FrameDecoder,
     FrameError,
+    Oversized,
     encode,
     encode_one_header,
+    send_refusal,
     wire_of,
+    with_plain_header,
 )
 from mqguard.sidecar.outbox import Outbox
 from mqguard.sidecar.receipts import CHAIN_RECEIPT_PREFIX, ReceiptChain
@@ -113,6 +120,14 @@ class _Transaction:
     acks: list[tuple[_Subscription, Delivery, HookContext]] = field(default_factory=list)
 
 
+#: connect() errors meaning the process (or system) has no descriptor left.
+_OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def _no_receipt(receipt_id: str) -> None:
+    """The receipt writer of an ended session: nobody is left to receive one."""
+
+
 class SessionEnded(Exception):
     """Internal: end the session after the ERROR frame was written."""
 
@@ -132,7 +147,8 @@ class ProxySession:
         peer = client.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._client_decoder = client.decoder
-        self._broker_decoder = FrameDecoder(limits=sidecar.limits, commands=SERVER_COMMANDS)
+        self._broker_decoder = FrameDecoder(limits=sidecar.broker_limits,
+                                            commands=SERVER_COMMANDS)
         #: The TCP quick-ack re-armers of both legs (see QuickAck), closed with them.
         self._quick_acks: list[QuickAck] = []
         self._broker: FrameConnection | None = None
@@ -159,6 +175,8 @@ class ProxySession:
         self._shutting_down = False
         #: The sidecar has given (or queued) its ERROR: nothing else may follow it.
         self._ending = False
+        #: The sidecar ended the handshake to make room for a newer one (see evict).
+        self._evicted = False
         #: How each side's relaying ended (an outcome for metrics), set while relaying.
         self._client_end: asyncio.Future[str] | None = None
         self._broker_end: asyncio.Future[str] | None = None
@@ -198,6 +216,7 @@ class ProxySession:
 
     async def _close(self, outcome: str) -> None:
         lost = self._chain.fail_all(f"session ended ({outcome})")
+        self._end_open_transactions(outcome)
         self._settle_confirmed()
         if lost:
             log.warning("session %s: %d receipt(s) the client asked for will not come: the "
@@ -220,10 +239,48 @@ class ProxySession:
                 await connection.close(2.0)
             except Exception:
                 log.debug("session %s: closing a connection", self.label, exc_info=True)
+        self._break_cycles()
+
+    def _break_cycles(self) -> None:
+        """Break the session's reference cycles, so that reference counting frees it (and
+        the up to ``max-frame-bytes`` its decoders hold) as soon as it ends.
+
+        The receipt chain and the upstream leg call back into the session, and the
+        connections hold its read callbacks: each a cycle. The sidecar raises the cyclic
+        collector's young-generation threshold (gctune), so such a session used to stay
+        resident until enough other objects had been allocated: 20 unfinished 12 MiB
+        frames kept 200 MB for minutes.
+        """
+        for connection in (self._broker, self._client):
+            if connection is not None:
+                connection.release()
+        self._chain = ReceiptChain(_no_receipt)
+        self.leg = None
+        self._subs.clear()
+        self._token_sub.clear()
+        self._transactions.clear()
+        self._client_decoder = self._client.decoder
+        if self._broker is not None:
+            self._broker_decoder = self._broker.decoder
 
     # -- connecting ----------------------------------------------------------------------
 
+    def evict(self, reason: str) -> None:
+        """End this connection's handshake now: it is the oldest one pending and a newer
+        connection needs its place (see Sidecar._accept)."""
+        self._evicted = True
+        self._send_error(reason)
+        self._client.abandon()
+
     async def _read_connect(self) -> Frame | None:
+        try:
+            connect = await self._read_connect_frame()
+        finally:
+            self.sidecar.handshake_over(self)
+        # Evicted after its CONNECT was decoded, before it was read here: it has its ERROR.
+        return None if self._evicted else connect
+
+    async def _read_connect_frame(self) -> Frame | None:
         timeout = self.sidecar.config.connect_timeout_ms / 1000.0
         try:
             async with asyncio.timeout(timeout):
@@ -247,7 +304,8 @@ class ProxySession:
             # left to tell, and it is no failure of the sidecar (was logged as one).
             pass
         else:
-            self._truncated_frame()
+            if not self._evicted:
+                self._truncated_frame()
         return None
 
     async def _open_broker(self, connect: Frame) -> bool:
@@ -260,11 +318,20 @@ class ProxySession:
                 await asyncio.get_running_loop().create_connection(
                     lambda: broker, upstream.host, upstream.port, ssl=upstream.ssl_context,
                     server_hostname=upstream.host if upstream.ssl_context else None)
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_DESCRIPTORS:
+                self._unreachable(exc)
+                return False
+            # Not the broker's fault: the sidecar's limit on open files is used up.
             self.metrics.upstream_failures.labels("connect").inc()
-            log.warning("session %s: broker %s unreachable: %s", self.label, upstream.where,
-                        type(exc).__name__)
-            self._send_error("broker unreachable", detail=f"{upstream.where}: {exc}")
+            log.warning("session %s: no file descriptor left to connect to the broker "
+                        "(raise the limit on open files or lower max-connections)",
+                        self.label)
+            self._send_error("too many connections: the sidecar is out of file descriptors; "
+                             "try again later")
+            return False
+        except (TimeoutError, ssl.SSLError) as exc:
+            self._unreachable(exc)
             return False
         self._broker = broker
         self._broker_out = Outbox(broker, asyncio.get_running_loop())
@@ -310,6 +377,13 @@ class ProxySession:
         self._send_error("broker closed the connection during CONNECT")
         return False
 
+    def _unreachable(self, exc: BaseException) -> None:
+        upstream = self.sidecar.upstream
+        self.metrics.upstream_failures.labels("connect").inc()
+        log.warning("session %s: broker %s unreachable: %s", self.label, upstream.where,
+                    type(exc).__name__)
+        self._send_error("broker unreachable", detail=f"{upstream.where}: {exc}")
+
     def _connected(self, frame: Frame) -> None:
         self.version = frame.get("version") or "1.0"
         self.broker = detect_broker(frame.get("server"))
@@ -324,6 +398,9 @@ class ProxySession:
                 self._quick_acks.remove(quick_ack)
         self._client_decoder.version = self.version
         self._broker_decoder.version = self.version
+        # From now on one MESSAGE over the broker leg's limits is dead-lettered, not the
+        # end of the session (see _on_oversized).
+        self._broker_decoder.oversized = True
         loop = asyncio.get_running_loop()
         self.leg = UpstreamLeg(loop, self._write_broker, broker=self.broker,
                                version=self.version,
@@ -371,8 +448,7 @@ class ProxySession:
         if not broker_end.done():
             if self._pending_disconnect is None and not self._disconnect_sent:
                 # The sidecar's own: its receipt is the chain's, not owed to the client.
-                self._pending_disconnect = Frame("DISCONNECT")
-                self._flush_disconnect()
+                self._disconnect(Frame("DISCONNECT"))
             with contextlib.suppress(TimeoutError, Exception):
                 await asyncio.wait_for(asyncio.shield(broker_end), timeout)
         if self._broker is not None:
@@ -544,6 +620,9 @@ class ProxySession:
                 if not self._ending:
                     self._write_client_bytes(b"\n")
                 continue
+            if type(item) is Oversized:
+                self._on_oversized(item)
+                continue
             assert isinstance(item, Frame)
             counts[item.command].value += 1
             if (item.command == "MESSAGE" and index < count and not self._ending
@@ -684,11 +763,45 @@ class ProxySession:
         elif command == "ABORT":
             self._on_abort(frame)
         elif command == "DISCONNECT":
-            self._pending_disconnect = frame
-            self._flush_disconnect()
+            self._disconnect(frame)
             self._client_done = True
         else:  # CONNECT / STOMP again
             self._fail(f"{command} on a connection that is already connected")
+
+    def _disconnect(self, frame: Frame) -> None:
+        """Hold ``frame`` (a DISCONNECT) until every receipt owed before it came back and the
+        work the guard deferred on the broker leg so far has run (see _after_leg_jobs)."""
+        self._pending_disconnect = frame
+        if self.leg is not None:
+            self._after_leg_jobs(None)
+        self._flush_disconnect()
+
+    def _after_leg_jobs(self, client_receipt: str | None) -> None:
+        """Owe ``client_receipt`` once the jobs deferred on the broker leg so far have run.
+
+        Such a job (a delayed re-send, a dead-letter copy) waits for a RECEIPT of the leg's
+        own, outside the receipt chain; a DISCONNECT forwarded meanwhile would end the
+        connection first, the job would fail and the broker would redeliver the original
+        at once, skipping the redelivery delay. The leg runs its jobs one at a time in
+        order, so a marker job queued now runs after them.
+        """
+        assert self.leg is not None
+        release = self._chain.hold(client_receipt)
+        loop = asyncio.get_running_loop()
+
+        def done() -> None:
+            release()
+            self._flush_disconnect()
+
+        def marker() -> None:
+            # The loop is gone only when the session is: nothing is left to release.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(done)
+
+        try:
+            self.leg.defer(marker)
+        except AdapterError:
+            done()  # the leg's jobs have stopped: nothing is pending there
 
     def _flush_disconnect(self) -> None:
         """Send the held DISCONNECT once every receipt owed for earlier frames came back.
@@ -839,9 +952,20 @@ class ProxySession:
         out.headers.extend(headers.items())
         if transaction is not None:
             out.headers.append(("transaction", transaction.state.transaction_id))
+        data = encode(out, self.version)
+        # What the broker would refuse, or could never deliver back through the broker
+        # leg, is refused here: a confirmed send must be one the broker keeps and delivers.
+        refusal = send_refusal(data, len(out.headers), len(out.body),
+                               self.sidecar.broker_limits, self.broker)
+        if refusal is not None:
+            if transaction is None:
+                self.guard.send_failed(message, ctx, AdapterError(refusal))
+            self._fail(f"message refused: {refusal}"[:200], receipt=receipt,
+                       detail=f"not sent to {destination}: {refusal}")
+        if transaction is not None:
             transaction.state.messages.append(message)
             if receipt is not None:
-                out.headers.append(("receipt", self._chain.expect(receipt)))
+                data = with_plain_header(data, "receipt", self._chain.expect(receipt))
         else:
             # A receipt of our own on every SEND: the "sent" event then means the broker
             # has the message, and an unconfirmed one is recorded as an unknown outcome.
@@ -850,11 +974,11 @@ class ProxySession:
             guard = self.guard
             sent = message
             confirmed = self._confirmed
-            out.headers.append(("receipt", self._chain.expect(
+            data = with_plain_header(data, "receipt", self._chain.expect(
                 receipt,
                 on_done=lambda: confirmed.append((sent, ctx)),
-                on_fail=lambda reason: guard.send_failed(sent, ctx, AdapterError(reason)))))
-        self._write_broker(out)
+                on_fail=lambda reason: guard.send_failed(sent, ctx, AdapterError(reason))))
+        self._write_broker_bytes(data)
 
     def _message_of_send(self, body: bytes, destination: str,
                          headers: dict[str, str]) -> Message:
@@ -920,6 +1044,29 @@ class ProxySession:
         self._transactions[tx_id] = _Transaction(TransactionState(tx_id))
         self._forward(frame)
 
+    def _transaction_context(self, state: TransactionState) -> HookContext:
+        assert self.leg is not None
+        ctx = self.guard.transaction_context(self.leg.capabilities, self.broker, state)
+        # The sender its SENDs were decided with: clients choose transaction ids, so two
+        # connections may use the same one, and plugins tell them apart by sender.
+        ctx.sender = self._producer_id
+        return ctx
+
+    def _end_open_transactions(self, outcome: str) -> None:
+        """The connection ended with transactions neither committed nor aborted: the broker
+        drops them, so the guard rolls them back too (their duplicate ids are released)."""
+        open_transactions, self._transactions = self._transactions, {}
+        if self.leg is None:
+            return
+        for transaction in open_transactions.values():
+            state = transaction.state
+            try:
+                self.guard.rolled_back(state, self._transaction_context(state),
+                                       f"session ended before COMMIT ({outcome})")
+            except Exception:
+                log.exception("session %s: ending transaction %s failed", self.label,
+                              state.transaction_id)
+
     def _take_transaction(self, frame: Frame) -> tuple[str, _Transaction]:
         tx_id = frame.get("transaction") or ""
         transaction = self._transactions.pop(tx_id, None)
@@ -933,7 +1080,7 @@ class ProxySession:
         tx_id, transaction = self._take_transaction(frame)
         assert self.leg is not None
         state = transaction.state
-        ctx = self.guard.transaction_context(self.leg.capabilities, self.broker, state)
+        ctx = self._transaction_context(state)
         reason = self.guard.commit_check(state, ctx)
         if reason is not None:
             self._write_broker(Frame("ABORT", [("transaction", tx_id)]))
@@ -959,7 +1106,7 @@ class ProxySession:
         _, transaction = self._take_transaction(frame)
         assert self.leg is not None
         state = transaction.state
-        ctx = self.guard.transaction_context(self.leg.capabilities, self.broker, state)
+        ctx = self._transaction_context(state)
         self.guard.rolled_back(state, ctx, "aborted by the client")
         # Acks inside it are void: those deliveries are the client's to settle again.
         for sub, delivery, delivery_ctx in transaction.acks:
@@ -1044,7 +1191,12 @@ class ProxySession:
                 continue
             error = None if frame.command == "ACK" else Nack("NACK from the client")
             self.guard.finish_delivery(self.leg, delivery, ctx, error)
-        self._chain.local(receipt)
+        if frame.command == "NACK" and transaction is None:
+            # The NACK may have left work on the broker leg (ActiveMQ: the delayed re-send
+            # and the original's ACK): its receipt, and a DISCONNECT behind it, wait for it.
+            self._after_leg_jobs(receipt)
+        else:
+            self._chain.local(receipt)
 
     # -- broker frames -------------------------------------------------------------------
 
@@ -1168,6 +1320,83 @@ class ProxySession:
                             raw_headers=headers)
         self.leg.delivered(token)
         return delivery, sub
+
+    def _on_oversized(self, item: Oversized) -> None:
+        """A frame of the broker's over the broker leg's limits.
+
+        Those limits admit every MESSAGE of a SEND the client leg admitted
+        (:func:`~mqguard.sidecar.frames.broker_leg_limits`), so such a MESSAGE was put on
+        the queue some other way. It is never given to the client, and it must not end the
+        session either: left unacknowledged it would come back to every consumer of the
+        queue. With its body at hand (too many headers, a header line too long) and a
+        dead-letter target for the queue, the guard opens it and moves it there. Otherwise
+        (a body over ``max_frame_bytes`` is never kept, so no copy can be made; no target;
+        a copy the broker would refuse) the broker gets it back with a NACK that does not
+        requeue it (ActiveMQ: its dead-letter queue; RabbitMQ: the queue's dead-letter
+        exchange, else it drops it), with a WARN and a ``dead_lettered`` event; on STOMP
+        1.0, which has no NACK, it is acknowledged (dropped) with a ``delivery_dropped``
+        event. Any other frame over the limits ends the session.
+        """
+        frame = item.frame
+        if frame.command != "MESSAGE":
+            raise FrameError(item.reason, detail=item.detail)
+        self.metrics.frame_counts("broker")["MESSAGE"].value += 1
+        if self._ending:
+            return  # left unacknowledged, as any MESSAGE then (see _on_broker_frame)
+        why = f"undeliverable through the sidecar: {item.reason} ({item.detail})"
+        prepared = self._guarded_message(frame)
+        if not isinstance(prepared, tuple):
+            # Browsing, unsubscribed, or nothing to settle it with: it stays the broker's.
+            log.warning("session %s: a MESSAGE on subscription %r is %s; not delivered, "
+                        "left with the broker", self.label, frame.get("subscription"), why)
+            return
+        delivery, sub = prepared
+        message = delivery.message
+        assert self.leg is not None
+        ctx: HookContext | None = None
+        if item.body_kept:
+            ctx = self.guard.open_delivery(self.leg, delivery, queue=sub.queue)
+            if ctx is None:
+                return  # taken by the guard (a duplicate, expired...): settled there
+            target = ctx.settings.dead_letter_target(message.address)
+            if target is not None and target != sub.queue:
+                # The copy carries the same headers: only where the broker takes them.
+                refused = send_refusal(encode(frame, self.version),
+                                       len(frame.headers) + MQGUARD_ADDED_HEADERS,
+                                       len(frame.body), None, self.broker)
+                if refused is None:
+                    log.warning("session %s: message %s on %s dead-lettered to %s: %s",
+                                self.label, message.message_id, sub.queue, target, why)
+                    self.guard._apply_delivery_verdict(
+                        self.leg, delivery, ctx,
+                        Verdict.move(target, why, event=EventType.DEAD_LETTERED), None)
+                    return
+                why = f"{why}; its dead-letter copy would be refused: {refused}"
+            else:
+                why = f"{why}; no dead-letter-address is configured for it"
+        # No copy to make (its body was skipped, there is no dead-letter target, or the
+        # broker would refuse the copy): the broker's own dead-letter handling takes it.
+        if self.version == "1.0":
+            # STOMP 1.0 has no NACK: left unacknowledged it would come back forever.
+            log.warning("session %s: message %s on %s dropped: %s (STOMP 1.0 cannot hand it "
+                        "back to the broker)", self.label, message.message_id, sub.queue, why)
+            reason = f"{why}; acknowledged (STOMP 1.0 has no NACK)"[:500]
+            if ctx is not None:  # opened by the guard: dropped its way (event, hooks)
+                self.guard._apply_delivery_verdict(
+                    self.leg, delivery, ctx,
+                    Verdict.drop(reason, event=EventType.DELIVERY_DROPPED), None)
+                return
+            self.leg.ack(delivery)
+            self.guard.events.emit(EventType.DELIVERY_DROPPED, message, queue=sub.queue,
+                                   reason=reason)
+            return
+        log.warning("session %s: message %s on %s is %s; rejected to the broker's own "
+                    "dead-letter handling", self.label, message.message_id, sub.queue, why)
+        self.leg.nack(delivery, requeue=False)
+        self.guard.events.emit(EventType.DEAD_LETTERED, message, queue=sub.queue,
+                               reason=f"{why}; rejected to the broker (NACK)"[:500])
+        if ctx is not None:  # opened by the guard: its observers learn how it ended
+            observe(self.guard.hook.message_nacked, message=message, ctx=ctx, requeue=False)
 
     def _opened(self, frame: Frame, delivery: Delivery, sub: _Subscription,
                 ctx: HookContext | None) -> None:
