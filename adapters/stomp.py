@@ -8,54 +8,16 @@ included, at DEBUG: this module installs a filter on the ``stomp.py`` logger tha
 Addresses
     A plain mqguard address ``orders.eu`` is the destination ``/queue/orders.eu``; an address
     that starts with ``/`` (``/topic/x``, ``/exchange/amq.topic/k``, ``/amq/queue/q``) is used as
-    is. A delivery carries the address its subscriber used, whatever ``destination`` header
-    the broker put on the MESSAGE frame.
+    is (:func:`mqguard.stomp_brokers.destination_of`). A delivery carries the address its
+    subscriber used, whatever ``destination`` header the broker put on the MESSAGE frame.
 
-What the brokers do (verified against ActiveMQ 5.17.2 and RabbitMQ 3.10.8 by the tests in
-``tests/adapters/test_stomp_adapter.py``; Artemis is declared from its documentation only, no
-server was available):
-
-=====================  ===================================  =====================================
-topic                  ActiveMQ Classic 5.17                RabbitMQ 3.10
-=====================  ===================================  =====================================
-CONNECTED ``server``   ``ActiveMQ/5.17.2``                  ``RabbitMQ/3.10.8``
-``host`` header        ignored                              the vhost: stomp.py must be given
-                                                            ``vhost`` (default ``/`` here) or it
-                                                            sends the host name and login fails
-``message-id``         stable across redeliveries           a per-delivery id (it *is* the ack
-                                                            id); a SEND carrying ``message-id``
-                                                            gets an ERROR, so it is never sent
-persistence            only with ``persistent:true``        ``persistent:true`` = delivery mode 2
-                       (sent by default here)               (sent by default here)
-native TTL             ``expires``: absolute epoch ms       ``expiration``: relative ms string;
-                       (0 = never); an expired message is   negative is a *connection* error. An
-                       never delivered (goes to             already expired message is sent with
-                       ActiveMQ.DLQ). Sent only with        ``1``: it dies on the queue unless a
-                       ``native_expiry=True``; by default   consumer is waiting at that very
-                       ``MQGUARD_EXPIRES`` (selectable)     moment (the guard's own
-                       lets the guard and its reaper        ``mqguard-expires`` check still
-                       expire it                            catches that case)
-NACK                   a *poison ack*: straight to          requeues at once (``requeue:true``,
-                       ActiveMQ.DLQ, no redelivery          the default); ``requeue:false`` drops
-                       (``Capabilities.nack_requeue``       or dead-letters
-                       is False)
-delivery count         none; ``redelivered:true`` on a      quorum queues only: ``x-delivery-count``
-                       redelivery only                      is absent on the first delivery, then
-                                                            1, 2... (= earlier deliveries, counting
-                                                            both NACK-requeue and connection loss),
-                                                            so ``native_delivery_count`` is that+1
-ERROR frames           carry ``receipt-id``; most leave     never carry ``receipt-id``; some leave
-                       the connection open                  the connection open (bad destination,
-                                                            unknown transaction), channel errors
-                                                            (PRECONDITION_FAILED) close it
-transactions           in-tx SENDs are receipted at once    in-tx SENDs are receipted only at
-                                                            COMMIT (after the COMMIT's own receipt)
-selectors / browse     ``selector`` (JMS), ``browser:true``  not supported
-                       (ends with a ``browser:end`` frame)
-MESSAGE extras         ``expires``, ``priority``,           ``redelivered`` always; echoes the
-                       ``timestamp``, ``persistent``        SEND's ``receipt``/``transaction``/
-                                                            ``persistent``/``expiration``
-=====================  ===================================  =====================================
+Brokers
+    The broker is detected from the CONNECTED frame (or forced with ``broker=``), and
+    everything that differs between ActiveMQ Classic, RabbitMQ and Artemis -- capabilities,
+    the headers each adds to a MESSAGE, how a SEND tells it about delays, persistence and
+    expiration, its delivery count -- comes from :mod:`mqguard.stomp_brokers`, which the
+    sidecar uses too; its docstring tabulates what each broker does. This adapter sends
+    ``persistent:true`` by default.
 
 Receipts and errors
     Every SEND outside a transaction carries a ``receipt`` and :meth:`StompAdapter.send`
@@ -129,70 +91,33 @@ import stomp.utils  # type: ignore[import-untyped]
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
 from mqguard.errors import AdapterError, TransactionRolledBack
 from mqguard.jobthread import JobThread
-from mqguard.message import Message, now_ms, parse_wire_int
+from mqguard.message import Message
 from mqguard.redact import AMBIGUOUS_USERINFO, userinfo_is_ambiguous
 from mqguard.registry import redact_url
+from mqguard.stomp_brokers import (
+    ACK_MODES,
+    BROKER_CAPABILITIES,
+    BROKER_MESSAGE_HEADERS,
+    DEFAULT_PORTS,
+    PREFETCH_HEADERS,
+    RESERVED_SUBSCRIBE_HEADERS,
+    destination_of,
+    detect_broker,
+    expired_selector,
+    is_quorum_queue,
+    native_delivery_count,
+    send_headers,
+)
 
+# BROKER_CAPABILITIES and send_headers live in mqguard.stomp_brokers; they stay importable
+# from here for code written against earlier releases.
 __all__ = ["BROKER_CAPABILITIES", "PendingSends", "StompAdapter", "send_headers"]
 
 log = logging.getLogger("mqguard.adapters.stomp")
 
-#: Capabilities per detected broker. Artemis is from its documentation (no server to verify);
-#: ``unknown`` keeps to what STOMP 1.2 itself guarantees.
-BROKER_CAPABILITIES: Final[Mapping[str, Capabilities]] = {
-    "activemq": Capabilities(
-        transactions=True, nack_requeue=False, selectors=True, browse=True,
-        native_delivery_count=False, delayed_delivery=True, native_ttl=True,
-        stable_message_id=True, persistent=True, expiry_reaping="selector",
-    ),
-    "rabbitmq": Capabilities(
-        transactions=True, nack_requeue=True, selectors=False, browse=False,
-        native_delivery_count=True, delayed_delivery=False, native_ttl=True,
-        stable_message_id=False, persistent=True, expiry_reaping="dead-letter",
-    ),
-    "artemis": Capabilities(
-        transactions=True, nack_requeue=False, selectors=True, browse=False,
-        native_delivery_count=False, delayed_delivery=False, native_ttl=True,
-        stable_message_id=True, persistent=True,
-    ),
-    "unknown": Capabilities(transactions=True),
-}
-
-ACK_MODES: Final = frozenset({"client-individual", "client", "auto"})
-
-DEFAULT_PORTS: Final = {"stomp": 61613, "stomp+ssl": 61614}
-
-#: SEND headers the adapter owns: an application header of that name would change the frame's
-#: meaning (routing, framing, receipts) or, for ``message-id``, make RabbitMQ send an ERROR.
-RESERVED_SEND_HEADERS: Final = frozenset(
-    {"destination", "receipt", "transaction", "content-length", "message-id", "subscription",
-     "ack", "id"}
-)
-#: SUBSCRIBE headers the adapter sets itself.
-RESERVED_SUBSCRIBE_HEADERS: Final = frozenset({"destination", "id", "ack", "receipt"})
-
-#: Headers the brokers put on MESSAGE frames (or echo from the SEND). They stay in
-#: ``Delivery.raw_headers`` but are not application headers, so a send/receive round trip
-#: returns exactly the application's headers. Consequently an application header named like
-#: one of these (``priority``, ``persistent``...) is interpreted by the broker and does not
-#: come back in ``Message.headers``.
-BROKER_MESSAGE_HEADERS: Final = frozenset(
-    {"destination", "subscription", "ack", "message-id", "content-length", "receipt",
-     "transaction", "redelivered", "persistent", "expires", "expiration", "priority",
-     "timestamp", "x-delivery-count", "browser",
-     # ActiveMQ's scheduler: a message re-sent with its old scheduledJobId would be taken
-     # for one already scheduled and delivered at once, ignoring the new delay.
-     "AMQ_SCHEDULED_DELAY", "AMQ_SCHEDULED_PERIOD", "AMQ_SCHEDULED_REPEAT",
-     "AMQ_SCHEDULED_CRON", "scheduledJobId", "MQGUARD_EXPIRES"}
-)
-
-#: ActiveMQ copy of ``mqguard-expires`` that JMS selectors can name (see _send_headers).
-SELECTOR_EXPIRES_HEADER: Final = "MQGUARD_EXPIRES"
-
 #: Longest ERROR body kept in an exception message (ActiveMQ sends whole Java stack traces).
 MAX_ERROR_BODY: Final = 600
 
-_HEADER_NAME_FORBIDDEN = re.compile(r"[:\r\n\\]")
 #: STOMP 1.2 header value escaping.
 _ESCAPES: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
 _NEEDS_ESCAPE = re.compile(r"[\\\r\n:]")
@@ -224,62 +149,6 @@ def _encode_send(destination: str, body: bytes, headers: Mapping[str, str]) -> b
         parts.append(f"\ncontent-length:{len(body)}")
     parts.append("\n\n")
     return b"".join(("".join(parts).encode("utf-8"), body, b"\x00"))
-
-
-#: Header names already checked by :func:`_check_header_name` (names repeat from message to
-#: message; bounded so that a stream of distinct names cannot grow it without limit).
-_VALID_HEADER_NAMES: set[str] = set()
-_VALID_HEADER_NAMES_MAX: Final = 4096
-
-
-def _check_header_name(key: object, address: str) -> None:
-    """AdapterError unless ``key`` can be a SEND header name; remembers the good ones."""
-    if not isinstance(key, str) or not key or _HEADER_NAME_FORBIDDEN.search(key):
-        raise AdapterError(f"header name {key!r} of a message to {address!r} "
-                           "cannot be sent over STOMP (empty, or contains ':', '\\' or a "
-                           "line break)")
-    if key in RESERVED_SEND_HEADERS:
-        raise AdapterError(f"header {key!r} of a message to {address!r} is "
-                           "reserved by STOMP/the adapter; rename it")
-    if len(_VALID_HEADER_NAMES) < _VALID_HEADER_NAMES_MAX:
-        _VALID_HEADER_NAMES.add(key)
-
-
-def send_headers(message: Message, broker: str, *, persistent: bool,
-                 native_expiry: bool = False) -> dict[str, str]:
-    """SEND headers of ``message`` for ``broker``: its wire headers plus how that broker
-    is told about delays, persistence and expiration. AdapterError for a header STOMP
-    cannot carry. Shared by the adapter and the sidecar."""
-    headers = message.wire_headers()
-    for key, value in headers.items():
-        if key not in _VALID_HEADER_NAMES:
-            _check_header_name(key, message.address)
-        if not isinstance(value, str):
-            raise AdapterError(f"header {key!r} of a message to {message.address!r} is "
-                               f"{type(value).__name__}, not str")
-    if message.scheduled_delivery:
-        if broker != "activemq":
-            raise AdapterError(f"{broker} has no delayed delivery over STOMP: cannot hold "
-                               f"a message to {message.address!r} back")
-        # ActiveMQ's scheduler (schedulerSupport="true") takes a relative delay.
-        headers["AMQ_SCHEDULED_DELAY"] = str(max(0, message.scheduled_delivery - now_ms()))
-    if persistent:
-        headers.setdefault("persistent", "true")
-    if message.expiration:
-        if broker == "activemq":
-            # A selector-friendly copy (JMS identifiers cannot contain '-'): the reaper
-            # selects expired messages with it, leaving every other message in place.
-            headers[SELECTOR_EXPIRES_HEADER] = str(message.expiration)
-            if native_expiry:
-                # ActiveMQ then expires by itself, to ActiveMQ.DLQ, before the reaper
-                # or a consumer sees the message: off unless asked for.
-                headers["expires"] = str(message.expiration)
-        elif broker == "artemis":
-            headers["expires"] = str(message.expiration)
-        elif broker == "rabbitmq":
-            # Relative and >= 1: RabbitMQ closes the connection on a negative value.
-            headers["expiration"] = str(max(1, message.expiration - now_ms()))
-    return headers
 
 
 # -- received frames -----------------------------------------------------------------------------
@@ -537,6 +406,8 @@ class _Subscription:
     ack: str
     headers: dict[str, str]
     browse_end: threading.Event = field(default_factory=threading.Event)
+    #: To a RabbitMQ quorum queue (whose deliveries are counted by the broker).
+    quorum: bool = False
 
 
 @dataclass(slots=True)
@@ -594,18 +465,6 @@ def _parse_url(url: str) -> _Endpoint:
         passcode=unquote(parts.password) if parts.password is not None else None,
         vhost=query.get("vhost") or "/",
     )
-
-
-def detect_broker(server: str | None) -> str:
-    """Broker flavour from the CONNECTED frame's ``server`` header (``name/version ...``)."""
-    name = (server or "").split("/", 1)[0].strip().lower()
-    if name == "activemq":
-        return "activemq"
-    if name == "rabbitmq":
-        return "rabbitmq"
-    if "artemis" in name:  # "ActiveMQ-Artemis/2.x"
-        return "artemis"
-    return "unknown"
 
 
 def _describe_error(frame: Any) -> str:
@@ -1135,7 +994,7 @@ class StompAdapter:
             subscription_id=sub_id,
             ack_token=ack_id if sub.ack != "auto" else None,
             redelivered=headers.get("redelivered") == "true",
-            native_delivery_count=self._native_count(broker, sub, headers),
+            native_delivery_count=native_delivery_count(broker, headers, quorum=sub.quorum),
             raw_headers=headers,
         )
         if self._dispatch_thread:
@@ -1176,17 +1035,6 @@ class StompAdapter:
         deadline = time.monotonic() + timeout
         while self._callbacks_done < target and time.monotonic() < deadline:
             time.sleep(0.002)
-
-    @staticmethod
-    def _native_count(broker: str, sub: _Subscription, headers: Mapping[str, str]) -> int | None:
-        raw = headers.get("x-delivery-count")
-        number = parse_wire_int(raw) if raw is not None else None
-        if number is not None:
-            # RabbitMQ counts the *earlier* deliveries: absent, then 1, 2...
-            return number + 1
-        if broker == "rabbitmq" and sub.headers.get("x-queue-type") == "quorum":
-            return 1  # a quorum queue omits the header on the first delivery
-        return None
 
     # -- receipts -------------------------------------------------------------------------------
 
@@ -1251,22 +1099,10 @@ class StompAdapter:
 
     # -- sending --------------------------------------------------------------------------------
 
-    @staticmethod
-    def expired_selector(at_ms: int) -> str:
-        """JMS selector of the messages that have expired by ``at_ms`` (ActiveMQ).
-
-        ActiveMQ converts a string property to the type of the literal it is compared
-        with: the literal must be a long (a small int literal would convert the 13-digit
-        value to an int, fail, and match nothing).
-        """
-        return f"{SELECTOR_EXPIRES_HEADER} <= {max(int(at_ms), 1 << 32)}"
-
-    @staticmethod
-    def destination(address: str) -> str:
-        """STOMP destination of an mqguard address (``orders.eu`` -> ``/queue/orders.eu``)."""
-        if not address:
-            raise AdapterError("empty address")
-        return address if address.startswith("/") else f"/queue/{address}"
+    #: JMS selector of the messages expired by a time in epoch ms (ActiveMQ; the reaper's).
+    expired_selector = staticmethod(expired_selector)
+    #: STOMP destination of an mqguard address (``orders.eu`` -> ``/queue/orders.eu``).
+    destination = staticmethod(destination_of)
 
     def _send_headers(self, message: Message, broker: str) -> dict[str, str]:
         return send_headers(message, broker, persistent=self._persistent,
@@ -1399,10 +1235,8 @@ class StompAdapter:
             raise AdapterError(f"{broker} does not support browsing ({self.where})")
         headers = dict(opts.headers)
         if opts.prefetch > 0:
-            if broker in ("activemq", "unknown"):
-                headers.setdefault("activemq.prefetchSize", str(opts.prefetch))
-            if broker in ("rabbitmq", "unknown"):
-                headers.setdefault("prefetch-count", str(opts.prefetch))
+            for name in PREFETCH_HEADERS.get(broker, ()):
+                headers.setdefault(name, str(opts.prefetch))
         if opts.selector is not None:
             headers["selector"] = opts.selector
         if opts.browse:
@@ -1410,7 +1244,7 @@ class StompAdapter:
         sub = _Subscription(
             id=self._new_id("sub"), address=address, destination=self.destination(address),
             callback=callback, options=opts, ack="auto" if opts.browse else opts.ack,
-            headers=headers,
+            headers=headers, quorum=is_quorum_queue(headers),
         )
         with self._lock:
             self._subs[sub.id] = sub

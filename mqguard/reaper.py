@@ -44,6 +44,8 @@ from mqguard.message import Message, now_ms
 from mqguard.pipeline import Guard
 from mqguard.verdict import AckReason
 
+__all__ = ["DEFAULT_HOLDING_QUEUE", "MAX_BATCH", "ExpiryReaper", "ScanResult"]
+
 log = logging.getLogger("mqguard.reaper")
 
 #: Artemis moves expired references in batches of this size at most.

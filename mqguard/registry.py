@@ -18,6 +18,17 @@ from mqguard.errors import ConfigError
 # Re-exported: adapters and plugins import the URL masking from here.
 from mqguard.redact import redact_url as redact_url
 
+__all__ = [
+    "ADAPTER_ENTRY_POINT_GROUP",
+    "BUILTIN_ADAPTERS",
+    "BUILTIN_PLUGINS",
+    "PLUGIN_ENTRY_POINT_GROUP",
+    "adapter_factory",
+    "load_target",
+    "open_adapter",
+    "redact_url",
+]
+
 #: URL scheme -> "module:factory". Each factory is called as ``factory(url, **options)``.
 BUILTIN_ADAPTERS: dict[str, str] = {
     "stomp": "mqguard.adapters.stomp:StompAdapter",

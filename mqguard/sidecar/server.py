@@ -35,6 +35,7 @@ from mqguard.config import MqguardConfig, SidecarConfig
 from mqguard.errors import ConfigError
 from mqguard.pipeline import Guard
 from mqguard.redact import AMBIGUOUS_USERINFO, redact_url, userinfo_is_ambiguous
+from mqguard.registry import open_adapter
 from mqguard.sidecar.admin import (
     RequestTooLarge,
     UpstreamProbe,
@@ -54,7 +55,8 @@ from mqguard.sidecar.frames import (
 )
 from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.metrics import SidecarMetrics
-from mqguard.sidecar.session import ProxySession, address_of
+from mqguard.sidecar.session import ProxySession
+from mqguard.stomp_brokers import address_of
 
 log = logging.getLogger("mqguard.sidecar")
 
@@ -425,10 +427,10 @@ class Sidecar:
         period = self.mqguard_config.core.message_expiry_scan_period
         if period <= 0:
             return
-        from mqguard.adapters.stomp import StompAdapter
         from mqguard.reaper import ExpiryReaper
 
-        adapter = StompAdapter(self.upstream.url)
+        # Through the registry, like every other front end: the core names no adapter module.
+        adapter = open_adapter(self.upstream.url)
         reaper = ExpiryReaper(self.guard, adapter, [address_of(a) for a in self._watched])
         self._reaper = reaper
 

@@ -24,11 +24,19 @@ from concurrent.futures import Future
 from typing import Final
 
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
-from mqguard.adapters.stomp import BROKER_CAPABILITIES, StompAdapter, send_headers
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
 from mqguard.message import Message
 from mqguard.sidecar.frames import Frame, encode_bodiless, encode_one_header
+from mqguard.stomp_brokers import capabilities_of, destination_of, send_headers
+
+__all__ = [
+    "LEG_RECEIPT_PREFIX",
+    "LEG_TRANSACTION_PREFIX",
+    "RECEIPT_TIMEOUT_S",
+    "UpstreamLeg",
+    "ack_headers",
+]
 
 log = logging.getLogger("mqguard.sidecar.upstream")
 
@@ -56,7 +64,7 @@ class UpstreamLeg:
         self._write_wire = write_wire
         self.broker = broker
         self.version = version
-        self._capabilities = BROKER_CAPABILITIES.get(broker, BROKER_CAPABILITIES["unknown"])
+        self._capabilities = capabilities_of(broker)
         self._native_expiry = native_expiry
         self._label = label
         self._loop_thread = threading.get_ident()
@@ -164,7 +172,7 @@ class UpstreamLeg:
     def send(self, message: Message, *, transaction: str | None = None) -> None:
         headers = send_headers(message, self.broker, persistent=True,
                                native_expiry=self._native_expiry)
-        frame_headers = [("destination", StompAdapter.destination(message.address))]
+        frame_headers = [("destination", destination_of(message.address))]
         frame_headers.extend(headers.items())
         if transaction is not None:
             frame_headers.append(("transaction", transaction))
