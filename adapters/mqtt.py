@@ -300,7 +300,7 @@ class _Publish:
         return self._topic.decode("utf-8")
 
 
-def _read_string(packet: bytes, pos: int, end: int) -> tuple[str, int] | None:
+def _read_string(packet: bytes | bytearray, pos: int, end: int) -> tuple[str, int] | None:
     length = (packet[pos] << 8) | packet[pos + 1]
     start = pos + 2
     stop = start + length
@@ -312,7 +312,7 @@ def _read_string(packet: bytes, pos: int, end: int) -> tuple[str, int] | None:
     return text, stop
 
 
-def decode_publish_v5(header: int, packet: bytes) -> _Publish | None:
+def decode_publish_v5(header: int, packet: bytes | bytearray) -> _Publish | None:
     """Decode an MQTT 5 QoS 0/1 PUBLISH whose properties are among the common ones.
 
     Handles Payload Format Indicator, Message Expiry Interval and User Properties (what

@@ -472,7 +472,7 @@ FIELD_TYPES: dict[str, type] = {
 def _arrow_schema() -> Any:
     import pyarrow as pa
 
-    kinds = {int: pa.int64(), str: pa.string(), bool: pa.bool_()}
+    kinds: dict[type, pa.DataType] = {int: pa.int64(), str: pa.string(), bool: pa.bool_()}
     return pa.schema([(name, kinds[kind]) for name, kind in FIELD_TYPES.items()])
 
 

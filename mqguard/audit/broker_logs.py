@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import itertools
 import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -178,13 +179,13 @@ def expand_broker_logs(specs: Sequence[str]) -> list[BrokerLog]:
     return list({(b.path, b.kind): b for b in logs}.values())
 
 
-def _open(path: str) -> IO[bytes]:
+def _open(path: str) -> io.BufferedIOBase:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def _lines(handle: IO[bytes]) -> Iterator[str | None]:
+def _lines(handle: io.BufferedIOBase) -> Iterator[str | None]:
     """Decoded lines without the newline; None for a line longer than MAX_LINE_BYTES."""
     while True:
         raw = handle.readline(MAX_LINE_BYTES + 1)

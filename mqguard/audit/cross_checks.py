@@ -58,7 +58,7 @@ class CrossInputs:
 class CrossChecks:
     findings: DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
-    _cleanup: list[Callable[[], None]] = field(default_factory=list)
+    _cleanup: list[Callable[[], object]] = field(default_factory=list)
 
     def close(self) -> None:
         for step in self._cleanup:
@@ -78,7 +78,7 @@ def prepare(spark: SparkSession, files: Sequence[str], inputs: CrossInputs,
     """Read the extra inputs and plan their findings (computed when they are written)."""
     logs = expand_broker_logs(inputs.broker_logs)
     events = load_state_events(spark, files).persist(StorageLevel.MEMORY_AND_DISK)
-    cleanup: list[Callable[[], None]] = [events.unpersist]
+    cleanup: list[Callable[[], object]] = [events.unpersist]
     parts: list[DataFrame] = []
     summary: dict[str, Any] = {}
     state: RedisState | None = None

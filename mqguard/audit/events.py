@@ -27,6 +27,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
+    DataType,
     IntegerType,
     LongType,
     StringType,
@@ -288,7 +289,9 @@ CONVERT_JSONL_BYTES = 256 * 1024 * 1024
 def _arrow_schema(fields: Sequence[str] = AUDIT_FIELDS) -> Any:
     import pyarrow as pa
 
-    types = {LongType(): pa.int64(), StringType(): pa.string(), BooleanType(): pa.bool_()}
+    types: dict[DataType, pa.DataType] = {
+        LongType(): pa.int64(), StringType(): pa.string(), BooleanType(): pa.bool_(),
+    }
     by_name = {f.name: f for f in EVENT_SCHEMA.fields}
     return pa.schema([(name, types[by_name[name].dataType]) for name in fields])
 
@@ -331,7 +334,10 @@ def convert_jsonl(files: Sequence[str], directory: str,
         if len(data) > max_bytes or (data and not data.endswith(b"\n")):
             continue
         try:
-            table = pj.read_json(pa.BufferReader(data), parse_options=parse,
+            # pyarrow-stubs type the source as a path or IO, leaving out pyarrow's own
+            # NativeFile, which reads the bytes without a copy.
+            table = pj.read_json(pa.BufferReader(data),  # type: ignore[arg-type]
+                                 parse_options=parse,
                                  read_options=pj.ReadOptions(block_size=16 << 20))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
             continue

@@ -90,7 +90,7 @@ def _distinct_names(path: str, rows: int, columns: list[str]) -> set[str]:
     names: set[str] = set()
     for name in columns:
         for chunk in table.column(name).chunks:
-            if pa.types.is_dictionary(chunk.type):
+            if isinstance(chunk, pa.DictionaryArray):
                 # The values the rows use, not the whole dictionary page.
                 used = chunk.dictionary.take(pc.unique(chunk.indices.drop_null()))
             else:
@@ -127,15 +127,16 @@ def _range_from_statistics(metadata: Any, present: set[str]) -> Range | None:
 
 def _range_from_columns(parquet: Any, present: set[str]) -> Range:
     """(first, last) ``ts`` of the readable rows, read from the columns."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if not set(_READABLE_COLUMNS) <= present:
         return None, None  # a missing column is all null: no row is readable
     table = parquet.read(columns=list(_READABLE_COLUMNS))
     readable = pc.and_(pc.and_(pc.is_valid(table.column("type")), pc.is_valid(table.column("ts"))),
-                       pc.equal(table.column("v"), SCHEMA_VERSION))
+                       pc.equal(table.column("v"), pa.scalar(SCHEMA_VERSION)))
     times = table.column("ts").filter(pc.fill_null(readable, False))
     if len(times) == 0:
         return None, None
-    bounds = pc.min_max(times).as_py()
-    return bounds["min"], bounds["max"]
+    bounds = pc.min_max(times)
+    return bounds["min"].as_py(), bounds["max"].as_py()

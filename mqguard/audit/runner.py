@@ -132,7 +132,8 @@ def run_audit(spark: SparkSession, options: AuditOptions,
     details: Callable[[DataFrame], DataFrame] | None = None
     cross: CrossChecks | None = None
     try:
-        stats = lean.stats_of(summary_rows, names)
+        # Figures of Spark rows (ints, strings or None), as Row.asDict gives them below.
+        stats: list[dict[str, Any]] = lean.stats_of(summary_rows, names)
         legacy = sum(s.pop("legacy") or 0 for s in stats)
         unranked = sum(s.pop("unranked") or 0 for s in stats)
         if unranked and not any("://" in f for f in files):

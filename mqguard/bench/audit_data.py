@@ -17,6 +17,7 @@ every :data:`PERIOD` is planted per class, spread over :data:`ADDRESSES` address
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -343,6 +344,6 @@ def count_lines(files: Sequence[str]) -> int:
             total += pq.ParquetFile(path).metadata.num_rows
             continue
         with open(path, "rb") as handle:
-            total += sum(chunk.count(b"\n") for chunk in iter(lambda h=handle: h.read(1 << 24),
-                                                              b""))
+            total += sum(chunk.count(b"\n")
+                         for chunk in iter(functools.partial(handle.read, 1 << 24), b""))
     return total

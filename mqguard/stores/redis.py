@@ -1021,7 +1021,8 @@ class RedisStore:
         check_pending_ms(pending_ms)
         if not ids:
             return []
-        keys, args = self._ring_keys(name), [pending_ms, *ids]
+        keys = self._ring_keys(name)
+        args: list[int | bytes] = [pending_ms, *ids]
         reply = self._call("ring_lookup", lambda: self._s_lookup(keys=keys, args=args),
                            idempotent=True)
         return _outcomes(reply)

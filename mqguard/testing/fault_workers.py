@@ -159,7 +159,7 @@ def write_progress(path: Path, confirmed: int) -> None:
 
 def read_handled(path: Path) -> list[tuple[int, int]]:
     """(index, delivery count -- through the sidecar: 1 if redelivered) per invocation."""
-    out = []
+    out: list[tuple[int, int]] = []
     try:
         text = path.read_text()
     except FileNotFoundError:

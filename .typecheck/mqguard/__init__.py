@@ -1,0 +1,1 @@
+../../mqguard/__init__.py
