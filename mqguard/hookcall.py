@@ -64,7 +64,7 @@ class HotCall:
     def _current(self) -> tuple[_Entry, ...]:
         manager = self._manager
         if manager is not None:
-            generation: int = manager.generation  # type: ignore[attr-defined]
+            generation: int = manager.generation
             if generation == self._generation:
                 return self._entries
             self._generation = generation
@@ -231,7 +231,7 @@ class BatchCall:
         # hook call, where a shared helper's extra call costs more than it saves.
         manager = self._manager
         if manager is not None:
-            generation: int = manager.generation  # type: ignore[attr-defined]
+            generation: int = manager.generation
             if generation == self._generation:
                 return self._steps
             self._generation = generation
