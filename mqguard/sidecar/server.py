@@ -56,7 +56,7 @@ from mqguard.sidecar.frames import (
 from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.metrics import SidecarMetrics
 from mqguard.sidecar.session import ProxySession
-from mqguard.stomp_brokers import address_of
+from mqguard.stomp_brokers import DEFAULT_PORTS, address_of
 
 log = logging.getLogger("mqguard.sidecar")
 
@@ -96,13 +96,13 @@ def parse_upstream(url: str, *, cafile: str | None = None,
         parts = urlsplit(url)
     except ValueError:  # an unbalanced "[" or "]"
         raise ConfigError(f"--upstream {redact_url(url)!r} is not a valid URL") from None
-    if parts.scheme not in ("stomp", "stomp+ssl"):
+    if parts.scheme not in DEFAULT_PORTS:
         raise ConfigError(f"--upstream {redact_url(url)!r}: scheme must be stomp:// or "
                           "stomp+ssl://")
     if not parts.hostname:
         raise ConfigError(f"--upstream {redact_url(url)!r} has no host")
     try:
-        port = parts.port or (61614 if parts.scheme == "stomp+ssl" else 61613)
+        port = parts.port or DEFAULT_PORTS[parts.scheme]
     except ValueError:
         raise ConfigError(f"--upstream {redact_url(url)!r} has an invalid port") from None
     context = None
