@@ -1,14 +1,19 @@
-"""pytest fixtures that provide real servers (loaded via the ``pytest11`` entry point).
+"""pytest fixtures that provide real servers.
+
+Opt-in: a project loads the plugin from the ``conftest.py`` at the root of its tests (pytest
+refuses ``pytest_plugins`` in deeper conftest files)::
+
+    pytest_plugins = ["mqguard.testing.pytest_plugin"]
 
 Session-scoped: ``redis_server``, ``redis_cluster_server``, ``activemq_server``,
 ``rabbitmq_server``, ``mosquitto_server`` (each a :class:`~mqguard.servers.ServerHandle`).
 Function-scoped: ``redis_url`` / ``redis_cluster_url`` (flushed before each test),
 ``fresh_redis_server`` (a private Redis with AOF, for restart tests) and ``unique_name``.
 
-A server comes from Docker when an engine answers (not the case on the dev machines, see
-:mod:`mqguard.servers.docker`), otherwise from the local launchers, which install Debian
-packages on demand.  If neither works the test is skipped, except when ``CI`` is set: in CI a
-missing server must break the build, not silently skip the integration tests.
+A server comes from Docker when an engine answers (see :mod:`mqguard.servers.docker`),
+otherwise from the local launchers, which install Debian packages on demand.  If neither
+works the test is skipped, except when ``CI`` is set: in CI a missing server must break the
+build, not silently skip the integration tests.
 
 Environment knobs: ``MQGUARD_BACKEND=local`` ignores Docker; ``MQGUARD_KEEP_STATE=1`` keeps the
 servers' state dirs (config, data, logs) even after a green session (they are always kept when

@@ -10,6 +10,7 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
+from mqguard_tests.adapter_contract import DeferContract, Inbox
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -18,7 +19,6 @@ from mqguard.adapter import Capabilities, SubscribeOptions
 from mqguard.adapters.mqtt import PROPERTY_ERRORS_KEY, MqttAdapter
 from mqguard.errors import AdapterError
 from mqguard.message import Message, new_message_id, now_ms
-from tests.adapters import DeferContract, Inbox
 
 pytestmark = pytest.mark.mosquitto
 

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from mqguard_tests.adapter_contract import DeferContract, Inbox
 
 from mqguard.adapter import SubscribeOptions
 from mqguard.adapters.stomp import BROKER_CAPABILITIES, StompAdapter
 from mqguard.errors import AdapterError, TransactionRolledBack
 from mqguard.message import Message, new_message_id, now_ms
-from tests.adapters import DeferContract, Inbox
 
 BROKERS = [
     pytest.param("activemq", marks=pytest.mark.activemq, id="activemq"),

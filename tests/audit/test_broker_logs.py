@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.synthetic import T0, Cluster
 
 from mqguard.audit.broker_logs import (
     MAX_LINE_BYTES,
@@ -27,7 +28,6 @@ from mqguard.audit.summary import read_findings
 from mqguard.config import parse_config
 from mqguard.events import EventType
 from mqguard.testing.waiting import wait_for
-from tests.audit.synthetic import T0, Cluster
 
 # Copied from logs the local servers wrote (mqguard/servers/*.py), ids and ports as they were.
 ACTIVEMQ = [

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.consumer_crash import crash_config, handled
+from mqguard_tests.crash_audit import HANG, consume_until_killed
 
 from mqguard.audit.broker_logs import BROKER_CLASSES
 from mqguard.audit.cross_checks import CrossInputs
@@ -24,29 +26,10 @@ from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
 from mqguard.testing.waiting import wait_for
-from tests.integration.test_consumer_crash import crash_config, handled
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis, pytest.mark.mosquitto]
 
 TOTAL = 40
-HANG = "hang"
-
-
-def consume_until_killed(url: str, address: str, config: dict[str, Any], log_path: str,
-                         client_id: str) -> None:
-    """Child process: handle messages; the first delivery of HANG never returns."""
-    guard = Guard(parse_config(config)).start()
-    with open(log_path, "a", buffering=1) as log:
-        def handle(message: Message) -> None:
-            log.write(f"{message.body.decode()} {message.delivery_count}\n")
-            if message.body == HANG.encode() and message.delivery_count == 1:
-                time.sleep(600)  # killed here, its delivered event long written
-
-        GuardedConsumer(open_adapter(url, client_id=client_id), address, handle,
-                        guard).start()
-        log.write("ready 0\n")
-        while True:
-            time.sleep(1)
 
 
 def test_sigkill_redeliveries_are_explained_by_the_mosquitto_log(

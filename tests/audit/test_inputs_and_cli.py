@@ -10,12 +10,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from mqguard_tests.synthetic import Cluster
 
 from mqguard.audit.events import AuditInputError, expand_inputs
 from mqguard.audit.runner import AuditOptions, run_audit
 from mqguard.audit.summary import print_summary
 from mqguard.cli.audit import audit
-from tests.audit.synthetic import Cluster
 
 pytestmark = pytest.mark.spark
 

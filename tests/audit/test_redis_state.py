@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.synthetic import Cluster
 
 from mqguard.audit.cross_checks import CrossInputs
 from mqguard.audit.redis_state import RedisStateError, cluster_nodes, read_state
@@ -16,7 +17,6 @@ from mqguard.config import parse_config
 from mqguard.digest import id_digest
 from mqguard.events import EventType
 from mqguard.stores.redis import RedisStore
-from tests.audit.synthetic import Cluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis]
 

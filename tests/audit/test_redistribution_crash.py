@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.load_balancing import Received, drain
 
 from mqguard.audit.runner import AuditOptions, run_audit
 from mqguard.balancing import GroupConsumer, GroupProducer
@@ -27,7 +28,6 @@ from mqguard.config import parse_config
 from mqguard.events import read_events
 from mqguard.pipeline import Guard
 from mqguard.redistributor import REDISTRIBUTED_EVENT
-from tests.integration.test_load_balancing import Received, drain
 
 pytestmark = [pytest.mark.spark, pytest.mark.activemq, pytest.mark.redis]
 pytest_plugins = ["mqguard.testing.cluster"]

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.planted import CONFIG, plant
+from mqguard_tests.synthetic import Cluster
 
 from mqguard.audit.checks import CLASSES
 from mqguard.audit.report import render
 from mqguard.audit.runner import AuditOptions, run_audit
-from tests.audit.synthetic import Cluster
-from tests.audit.test_planted import CONFIG, plant
 
 pytestmark = pytest.mark.spark
 

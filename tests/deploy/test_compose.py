@@ -11,9 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-
-from mqguard.reaper import DEFAULT_HOLDING_QUEUE
-from tests.deploy.helpers import (
+from mqguard_tests.deploy import (
     DEPLOY,
     assert_admin_on_loopback,
     hostport,
@@ -22,6 +20,8 @@ from tests.deploy.helpers import (
     upstream,
     yaml_documents,
 )
+
+from mqguard.reaper import DEFAULT_HOLDING_QUEUE
 
 COMPOSE_DIR = DEPLOY / "compose"
 BROKERS = ("activemq", "rabbitmq", "artemis")

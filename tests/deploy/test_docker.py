@@ -14,11 +14,7 @@ from pathlib import Path
 
 import pytest
 from dockerfile_parse import DockerfileParser
-
-from mqguard.cli import main
-from mqguard.config import parse_config
-from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
-from tests.deploy.helpers import (
+from mqguard_tests.deploy import (
     DEPLOY,
     REPO,
     FakeStompBroker,
@@ -27,6 +23,10 @@ from tests.deploy.helpers import (
     load_toml_text,
     sidecar_options,
 )
+
+from mqguard.cli import main
+from mqguard.config import parse_config
+from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 

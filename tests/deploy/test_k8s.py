@@ -8,8 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-
-from tests.deploy.helpers import (
+from mqguard_tests.deploy import (
     DEPLOY,
     FakeStompBroker,
     assert_admin_on_loopback,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from mqguard_tests.deploy import DEPLOY
 
 from mqguard.cli.audit import audit
 from mqguard.config import parse_config
@@ -19,7 +20,6 @@ from mqguard.consumer import GuardedConsumer
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.testing.loopback import LoopbackAdapter
-from tests.deploy.helpers import DEPLOY
 
 SCRIPT = DEPLOY / "spark" / "submit-audit.sh"
 ENTRY = DEPLOY / "spark" / "mqguard_audit_main.py"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from mqguard_tests.brokers import BROKERS, broker_of
 
 from mqguard.cli import main
-from tests.integration.brokers import BROKERS, broker_of
 
 MESSAGES = 200
 ROUNDS = 2

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from mqguard_tests.brokers import BROKERS, broker_of
 
 from mqguard.bench.reap import expiring_plan
 from mqguard.cli import main
-from tests.integration.brokers import BROKERS, broker_of
 
 MESSAGES = 200
 

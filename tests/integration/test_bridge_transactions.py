@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import stomp  # type: ignore[import-untyped]
+from mqguard_tests.brokers import STOMP_BROKERS, broker_of
 
 from mqguard.config import parse_config
 from mqguard.errors import MessageRejected, TransactionRolledBack
@@ -28,7 +29,6 @@ from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.waiting import wait_for
-from tests.integration.brokers import STOMP_BROKERS, broker_of
 
 BRIDGE = BRIDGE_DUPLICATE_ID_HEADER
 #: Short, so that a reservation left behind would be taken over within the test.

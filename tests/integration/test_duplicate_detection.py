@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from mqguard_tests.brokers import BROKERS, STOMP_BROKERS, broker_of
+from mqguard_tests.dedup_race import race_worker
 
 from mqguard.cli import main
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
 from mqguard.digest import id_digest
-from mqguard.errors import MessageRejected, TransactionRolledBack
+from mqguard.errors import TransactionRolledBack
 from mqguard.events import read_events
 from mqguard.message import Message
 from mqguard.pipeline import Guard
@@ -24,8 +26,6 @@ from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
 from mqguard.servers import restart_redis
 from mqguard.stores.redis import RedisStore
-from plugins.duplicate_detection import IN_FLIGHT_CODE
-from tests.integration.brokers import BROKERS, STOMP_BROKERS, broker_of
 
 
 def guard_for(tmp_path: Path, store: str, node: str = "dedup", **settings: Any) -> Guard:
@@ -110,26 +110,6 @@ def test_transaction_with_duplicate_commits_nothing(broker_url: str, redis_url: 
     assert sorted(m.body for m in got) == [b"D2-later", b"first"]
 
 
-def _race_worker(url: str, redis_url: str, address: str, events_dir: str, node: str,
-                 ids: list[str], queue: Any, start: Any) -> None:
-    guard = Guard(parse_config({"mqguard": {"store": redis_url, "node-id": node,
-                                            "event-log": {"directory": events_dir}}}))
-    accepted = 0
-    with guard, GuardedProducer(open_adapter(url), guard) as producer:
-        start.wait(60)  # every racer connected: now they overlap
-        for dup in ids:
-            while True:
-                try:
-                    result = producer.send(address, dup.encode(), duplicate_id=dup)
-                    break
-                except MessageRejected as exc:
-                    # Another racer's send of this id is not confirmed yet: its fate decides.
-                    assert IN_FLIGHT_CODE in exc.reason, exc
-                    time.sleep(0.005)
-            accepted += result.sent
-    queue.put(accepted)
-
-
 @pytest.mark.redis
 @pytest.mark.activemq
 def test_racing_producer_processes_accept_each_id_once(activemq_server: Any, redis_url: str,
@@ -138,7 +118,7 @@ def test_racing_producer_processes_accept_each_id_once(activemq_server: Any, red
     ids = [f"race-{i}" for i in range(150)]
     ctx = multiprocessing.get_context("spawn")
     results, start = ctx.Queue(), ctx.Event()
-    workers = [ctx.Process(target=_race_worker,
+    workers = [ctx.Process(target=race_worker,
                            args=(url, redis_url, unique_name, str(tmp_path / "events"),
                                  f"racer-{n}", ids[::-1] if n % 2 else ids, results, start))
                for n in range(4)]

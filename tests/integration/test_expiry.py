@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from mqguard_tests.brokers import BROKERS, broker_of
 
 import mqguard
 from mqguard.cli import main
@@ -32,7 +33,6 @@ from mqguard.reaper import DEFAULT_HOLDING_QUEUE, ExpiryReaper
 from mqguard.registry import open_adapter
 from mqguard.servers.rabbitmq import rabbitmqctl
 from mqguard.testing.waiting import wait_for
-from tests.integration.brokers import BROKERS, broker_of
 
 
 @pytest.fixture

@@ -6,14 +6,14 @@ real ActiveMQ nodes on loopback (``activemq_pair``).
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.load_balancing import Received, drain
 
-from mqguard.adapter import Delivery, SubscribeOptions
+from mqguard.adapter import SubscribeOptions
 from mqguard.balancing import (
     ROUTED_EVENT,
     GroupConsumer,
@@ -28,7 +28,6 @@ from mqguard.errors import ConfigError
 from mqguard.events import read_events
 from mqguard.message import Message
 from mqguard.pipeline import Guard
-from mqguard.registry import open_adapter
 from mqguard.stores.memory import MemoryStore
 
 pytest_plugins = ["mqguard.testing.cluster"]
@@ -168,31 +167,6 @@ def test_on_demand_forgets_a_consumer_that_stops_beating() -> None:
 # -- two real ActiveMQ nodes --------------------------------------------------------------------
 
 
-def drain(url: str, queue: str, idle_s: float = 1.0, first_s: float = 2.0) -> list[Message]:
-    """Consume everything in ``queue`` on ``url`` (unguarded): the broker's own count."""
-    got: list[Message] = []
-    cond = threading.Condition()
-
-    def collect(delivery: Delivery) -> None:
-        with cond:
-            got.append(delivery.message)
-            cond.notify_all()
-
-    adapter = open_adapter(url)
-    adapter.connect()
-    try:
-        adapter.subscribe(queue, collect, SubscribeOptions(ack="auto", prefetch=1000))
-        with cond:
-            wait, seen = first_s, -1
-            while len(got) != seen:
-                seen = len(got)
-                cond.wait(wait)
-                wait = idle_s
-    finally:
-        adapter.close()
-    return got
-
-
 def stomp_urls(pair: tuple[Any, Any]) -> tuple[str, str]:
     return pair[0].urls["stomp"], pair[1].urls["stomp"]
 
@@ -215,22 +189,6 @@ def test_counts_per_node_without_consumers(activemq_pair: tuple[Any, Any], tmp_p
     assert sum(e["target_node"] == node_name(url_a) for e in routed) == expected_a
     # One sequence for the group, whatever node a message went to.
     assert sorted(m.sequence or 0 for m in on_a + on_b) == list(range(1, 11))
-
-
-class Received:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, message: Message) -> None:
-        with self.lock:
-            self.messages.append(message)
-
-    def wait(self, count: int, timeout: float = 20.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and len(self.messages) < count:
-            time.sleep(0.05)
-        return len(self.messages)
 
 
 @pytest.mark.activemq

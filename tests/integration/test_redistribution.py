@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.load_balancing import Received, drain
 
 from mqguard.adapter import SubscribeOptions
 from mqguard.balancing import GroupConsumer, GroupProducer, node_name
@@ -30,7 +31,6 @@ from mqguard.redistributor import (
     bridge_cache,
 )
 from mqguard.registry import open_adapter
-from tests.integration.test_load_balancing import Received, drain
 
 pytestmark = pytest.mark.activemq
 pytest_plugins = ["mqguard.testing.cluster"]

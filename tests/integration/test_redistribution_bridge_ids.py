@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.load_balancing import Received, drain
 
 from mqguard.balancing import GroupConsumer, GroupProducer
 from mqguard.config import MqguardConfig, parse_config
@@ -25,7 +26,6 @@ from mqguard.pipeline import Guard
 from mqguard.redistributor import FALLBACK_CACHE_SIZE, Redistributor, bridge_cache
 from mqguard.registry import open_adapter
 from mqguard.stores.base import RingOutcome
-from tests.integration.test_load_balancing import Received, drain
 
 pytestmark = pytest.mark.activemq
 pytest_plugins = ["mqguard.testing.cluster"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqguard_tests.brokers import BROKERS, broker_of
 
 import mqguard
 from mqguard.adapter import Delivery, SubscribeOptions
@@ -29,7 +30,6 @@ from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
 from mqguard.verdict import Verdict
-from tests.integration.brokers import BROKERS, broker_of
 
 
 @pytest.fixture

@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 
 import pytest
-
-from mqguard.servers import ServerHandle
-from tests.integration.sidecar_process import SidecarProcess
-from tests.integration.test_sidecar_robustness import (
+from mqguard_tests.sidecar_process import SidecarProcess
+from mqguard_tests.stomp_clients import (
     RawClient,
     connect_frame,
     decode_server_bytes,
     healthy_round_trip,
 )
+
+from mqguard.servers import ServerHandle
 
 BROKERS_AND_LOOPS = [
     pytest.param("activemq", "asyncio", marks=pytest.mark.activemq, id="activemq-asyncio"),

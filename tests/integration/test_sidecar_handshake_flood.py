@@ -27,17 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mqguard_tests.sidecar_process import SidecarProcess
+from mqguard_tests.stomp_clients import HealthyClient, RawClient, healthy_round_trip
 
 from mqguard.config import parse_config
 from mqguard.servers import ServerHandle
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.waiting import wait_for
-from tests.integration.sidecar_process import SidecarProcess
-from tests.integration.test_sidecar_robustness import (
-    HealthyClient,
-    RawClient,
-    healthy_round_trip,
-)
 
 BROKERS_AND_LOOPS = [
     pytest.param("activemq", "asyncio", marks=pytest.mark.activemq, id="activemq-asyncio"),

@@ -4,7 +4,6 @@ cross-process atomicity, retries and error messages."""
 from __future__ import annotations
 
 import multiprocessing
-import random
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from mqguard_tests.store_race import race_worker
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from mqguard.digest import id_digest
@@ -314,30 +314,12 @@ def test_timeouts_are_retried_only_by_idempotent_operations() -> None:
 # -- atomicity across processes ------------------------------------------------------------------
 
 
-def _race_worker(url: str, ids: list[bytes], seed: int, start: Any, results: Any) -> None:
-    store = RedisStore.from_url(url)
-    rng = random.Random(seed)
-    mine = ids[:]
-    rng.shuffle(mine)
-    accepted: list[bytes] = []
-    start.wait(timeout=60)
-    i = 0
-    while i < len(mine):
-        size = rng.randint(1, 9)
-        batch = mine[i:i + size]
-        flags = store.ring_check_and_add("race", batch, 1000)
-        accepted += [item for item, dup in zip(batch, flags, strict=True) if not dup]
-        i += size
-    store.close()
-    results.put(accepted)
-
-
 def test_processes_racing_accept_each_id_exactly_once(any_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     ids = digests(*range(200))
     start = ctx.Barrier(4)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_race_worker, args=(any_url, ids, seed, start, results))
+    procs = [ctx.Process(target=race_worker, args=(any_url, ids, seed, start, results))
              for seed in range(4)]
     for proc in procs:
         proc.start()

@@ -18,10 +18,10 @@ from mqguard.errors import AdapterError, ConfigError, MessageRejected, Transacti
 from mqguard.events import read_events
 from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER
 from mqguard.pipeline import Guard
+from mqguard.plugins.duplicate_detection import IN_FLIGHT_CODE
 from mqguard.producer import GuardedProducer
 from mqguard.stores.base import RingOutcome, Store
 from mqguard.testing.loopback import LoopbackAdapter
-from plugins.duplicate_detection import IN_FLIGHT_CODE
 
 
 def make_guard(tmp_path: Path, **extra: object) -> Guard:
@@ -348,7 +348,7 @@ def test_batch_to_several_addresses_confirms_each_in_its_own_cache(setup) -> Non
 
 
 def test_confirmations_wake_the_flusher_once_and_again_after_a_flush() -> None:
-    from plugins.duplicate_detection import _Confirmations
+    from mqguard.plugins.duplicate_detection import _Confirmations
 
     class Recorder:
         def __init__(self) -> None:

@@ -9,25 +9,16 @@ import os
 import signal
 from pathlib import Path
 
+from mqguard_tests.event_log_sync import emit_then_hang
+
 from mqguard.config import parse_config
-from mqguard.events import EventLog
 from mqguard.pipeline import make_event_log
-
-
-def _emit_then_hang(directory: str, sync: bool, ready: multiprocessing.synchronize.Event
-                    ) -> None:
-    # A long flush interval: without sync nothing reaches the file before the kill.
-    log = EventLog(directory, node_id="victim", flush_interval_ms=60_000, sync=sync)
-    for n in range(5):
-        log.emit("sent", None, address="q", n=n)
-    ready.set()
-    signal.pause()
 
 
 def _events_after_sigkill(tmp_path: Path, sync: bool) -> list[dict[str, object]]:
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    process = context.Process(target=_emit_then_hang, args=(str(tmp_path), sync, ready))
+    process = context.Process(target=emit_then_hang, args=(str(tmp_path), sync, ready))
     process.start()
     assert ready.wait(60)
     os.kill(process.pid, signal.SIGKILL)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.test_consumer_audit import consume_a_duplicate, events
+from mqguard_tests.consumer_audit import consume_a_duplicate, events
 
 
 def test_handling_ack_names_its_delivery_and_a_suppressed_duplicate_does_not(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from mqguard_tests.frame_strategies import BODY, COMMAND, PROPERTY, TEXT, decoded_form, frames
 
 from mqguard.sidecar.frames import (
     _UNESCAPED_COMMANDS,
@@ -17,7 +18,6 @@ from mqguard.sidecar.frames import (
     encode,
     wire_of,
 )
-from tests.unit.test_frames import BODY, COMMAND, PROPERTY, TEXT, decoded_form, frames
 
 NAMES = st.sampled_from(["receipt", "ack", "destination", "content-length", "x"]) | TEXT
 

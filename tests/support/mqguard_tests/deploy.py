@@ -16,7 +16,7 @@ from mqguard.cli.sidecar import sidecar
 from mqguard.config import MqguardConfig, parse_config
 from mqguard.plugin_manager import make_plugin_manager
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 
 
