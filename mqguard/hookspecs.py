@@ -110,11 +110,11 @@ def before_send(message: Message, ctx: HookContext) -> Verdict | None:
 def before_send_batch(messages: list[Message], ctx: HookContext) -> dict[int, Verdict] | None:
     """Decide about a batch at once, after ``before_send`` accepted each of ``messages``.
 
-    Called by :meth:`~mqguard.pipeline.Guard.send_batch` outside transactions, with
-    ``ctx.batch`` True (``before_send`` saw the same flag and may have deferred its
-    work to this hook, e.g. to check all duplicate ids in one store round trip).
-    When the guard writes a batch in parts (``Guard.send_in_parts``, off by default),
-    the hook is called once per part, with that part's accepted messages.
+    Called once per batch by :meth:`~mqguard.pipeline.Guard.decide_sends` (the
+    wrappers' ``send_batch``, a sidecar connection's SENDs of one read) outside
+    transactions, with ``ctx.batch`` True (``before_send`` saw the same flag and may
+    have deferred its work to this hook, e.g. to check all duplicate ids in one store
+    round trip).
     Return ``{index: verdict}`` for the messages to refuse (DROP or REJECT); every
     implementation is called and the verdicts are merged, the first per index wins.
     """
@@ -133,9 +133,10 @@ def after_send(message: Message, ctx: HookContext) -> None:
 def after_send_batch(messages: list[Message], ctx: HookContext) -> None:
     """The broker confirmed ``messages``, a batch decided with ``ctx.batch`` True.
 
-    The counterpart of :func:`before_send_batch`: called once per confirmed batch
-    (per part when the guard writes in parts) of ``send_batch`` outside transactions
-    and of the sidecar, *after* :func:`after_send` was called for each message.
+    The counterpart of :func:`before_send_batch`: called once per
+    :meth:`~mqguard.pipeline.Guard.settle_sends` call with the confirmed messages that
+    were decided as a batch (``send_batch`` outside transactions, the sidecar), *after*
+    :func:`after_send` was called for each message.
     Those ``after_send`` calls saw ``ctx.batch`` True and may have left their work
     to this hook (e.g. confirming every duplicate id of the batch under one lock).
     ``ctx`` is the first message's; the messages may go to several addresses.

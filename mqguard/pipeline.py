@@ -2,21 +2,23 @@
 
 :class:`Guard` owns the configuration, the store, the event log and the plugin
 manager, and turns hook verdicts into broker actions through an adapter. The
-producer and consumer wrappers, and the sidecar, are thin shells around it.
-Every outcome writes exactly one terminal event per message and path, which is
-what makes the event log auditable.
+producer and consumer wrappers, and the sidecar, are thin shells around it: they
+drive it through two pairs of calls, :meth:`Guard.decide_sends` /
+:meth:`Guard.settle_sends` for sends and :meth:`Guard.open_deliveries` /
+:meth:`Guard.finish_deliveries` for deliveries, plus the transaction calls
+(docs/embedding.md). Every outcome writes exactly one terminal event per message
+and path, which is what makes the event log auditable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from mqguard.adapter import Adapter, Capabilities, Delivery
 from mqguard.config import MqguardConfig, load_config
@@ -34,7 +36,6 @@ from mqguard.message import (
     PRIOR_DELIVERIES_HEADER,
     Message,
     encode_ids,
-    new_message_id,
     now_ms,
     per_process_unique_id,
 )
@@ -46,6 +47,9 @@ from mqguard.verdict import AckReason, Action, Verdict
 if TYPE_CHECKING:
     import pluggy
 
+__all__ = ["Guard", "Handler", "SendDecision", "SendResult", "TransactionState",
+           "make_event_log"]
+
 log = logging.getLogger("mqguard.pipeline")
 
 Handler = Callable[[Message], object]
@@ -55,14 +59,6 @@ _DEFAULT_EVENT = {
     Action.DROP: EventType.DROPPED,
     Action.MOVE: EventType.MOVED,
 }
-
-
-#: Messages in the first part of a batch written before the rest is decided (see
-#: :meth:`Guard._send_in_parts`); each further part is PART_GROWTH times as large, up to
-#: MAX_PART messages.
-FIRST_PART = 8
-PART_GROWTH = 4
-MAX_PART = 256
 
 
 #: The verdict of a send no hook objected to (Verdict is frozen: one instance serves all).
@@ -82,9 +78,8 @@ def _stamp_ids(messages: Sequence[Message]) -> None:
     Same form as :func:`~mqguard.message.new_message_id` (:func:`encode_ids`). The bits
     come from a per-process Mersenne Twister seeded with 256 random bits rather than
     from ``os.urandom``: ids must be unique, not unpredictable (any client can write the
-    header), and ``os.urandom`` releases the GIL, which on a busy machine let another
-    thread in and stalled the send path for up to milliseconds (RabbitMQ produce at load
-    9: a batch's ids took 216-284 us on average, 2.3-4.5 ms at worst, against 47-60 us).
+    header), and ``os.urandom`` releases the GIL, which on a busy machine lets another
+    thread in and stalls the send path for up to milliseconds.
     """
     missing = [message for message in messages if not message.message_id]
     if missing:
@@ -94,26 +89,79 @@ def _stamp_ids(messages: Sequence[Message]) -> None:
             message.message_id = message_id
 
 
-class PendingSend(Protocol):
-    """Frames an adapter has written and whose confirmations are outstanding."""
-
-    def wait(self) -> None:
-        """Return once the broker confirmed them all; raise AdapterError otherwise.
-        May be called more than once, with the same outcome each time."""
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SendResult:
-    """What happened to one guarded send."""
+    """What the guard decided for one message of a send, and what the sender is told.
 
+    One per decided message of a :class:`SendDecision`, in the order given. The
+    message goes to the broker when :attr:`forward` is set: the message itself
+    (``verdict`` CONTINUE) or its moved copy (``verdict`` MOVE). Otherwise a verdict
+    took it: DROP (the send still succeeds for the sender, as Artemis treats a
+    duplicate) or REJECT (the send fails with ``verdict.reason``).
+    """
+
+    #: The sender's message, stamped with its mqguard id.
     message: Message
-    #: The deciding verdict; ``action`` CONTINUE when the message went to the broker.
+    #: The deciding verdict: ``before_send``'s, or ``before_send_batch``'s when that
+    #: refused what ``before_send`` accepted; CONTINUE when no hook objected.
     verdict: Verdict
+    #: What goes to the broker for it: ``message``, its moved copy (same mqguard id), or
+    #: None (dropped, rejected).
+    forward: Message | None
+    #: The hook context it was decided with, passed on to ``after_send`` and
+    #: ``on_send_exception`` when it is settled.
+    ctx: HookContext
+    #: The transaction it was sent in, if any.
+    transaction: TransactionState | None = None
 
     @property
     def sent(self) -> bool:
-        """True when the broker has the message (or, in a transaction, will at COMMIT)."""
-        return self.verdict.action in (Action.CONTINUE, Action.MOVE)
+        """True when the message or its copy goes to the broker (in a transaction: at
+        COMMIT); outside :meth:`Guard.send_batch`, once the front end wrote it."""
+        return self.forward is not None
+
+    @property
+    def moved(self) -> bool:
+        """True when :attr:`forward` is a copy for another address (a MOVE verdict)."""
+        return self.forward is not None and self.forward is not self.message
+
+    @property
+    def dropped(self) -> bool:
+        """True when a verdict swallowed it: the send succeeds for the sender all the same."""
+        return self.forward is None and self.verdict.action is not Action.REJECT
+
+    @property
+    def rejected(self) -> bool:
+        """True when a verdict refused it: the send fails for the sender."""
+        return self.verdict.action is Action.REJECT
+
+    @property
+    def reason(self) -> str:
+        """Why a verdict dropped, rejected or moved it ("" when forwarded unchanged)."""
+        return self.verdict.reason
+
+
+@dataclass(frozen=True, slots=True)
+class SendDecision:
+    """What :meth:`Guard.decide_sends` decided for a batch of messages: plain data.
+
+    The front end writes :attr:`outgoing` to the broker in order (each result's
+    ``forward``, to ``forward.address``), answers each sender as :attr:`results` says,
+    and reports what the broker confirmed or refused to :meth:`Guard.settle_sends`.
+    """
+
+    #: One per decided message, in the order given. Outside a transaction deciding stops
+    #: at the first message ``before_send`` rejects: it is the last one here.
+    results: tuple[SendResult, ...]
+    #: The results whose ``forward`` goes to the broker, in order.
+    outgoing: tuple[SendResult, ...]
+    #: The first rejected result in order, if any.
+    rejected: SendResult | None
+    #: How many messages after a REJECT were not decided (outside a transaction): they
+    #: have no duplicate id reserved and no event, and must not be sent.
+    undecided: int
+    #: The transaction the messages were decided in, if any.
+    transaction: TransactionState | None = None
 
 
 @dataclass(slots=True)
@@ -139,15 +187,6 @@ def make_event_log(config: MqguardConfig) -> EventLog:
 
 class Guard:
     """Runs the hooks around sends and deliveries and applies their verdicts."""
-
-    #: Decide and write a batch in parts, so that the broker works on one part while the
-    #: next is decided (see :meth:`_send_in_parts`). Off: on this project's shared 2-core
-    #: machine (load 6-12) it measured no gain, the extra hook calls, store round trips and
-    #: wake-ups cost more than the overlap won (RabbitMQ produce, same runs: ratio 0.90
-    #: in parts vs 0.95 in one with MemoryStore over 16 alternations; 0.70-0.89 vs
-    #: 0.83-0.98 with Redis). Worth measuring again on an idle machine, where the
-    #: broker's idle time is what the overlap saves.
-    send_in_parts: bool = False
 
     def __init__(
         self,
@@ -259,16 +298,187 @@ class Guard:
 
     # -- send path ------------------------------------------------------------------------
 
-    def decide_send(self, message: Message, ctx: HookContext) -> Verdict:
-        """Stamp the message id and ask the ``before_send`` hooks; record non-CONTINUE verdicts."""
-        if not message.message_id:
-            message.message_id = new_message_id()
-        verdict = self._before_send.first(message, ctx)
-        if verdict is None:
-            return _CONTINUE
-        if verdict.action is not Action.CONTINUE:
-            self._record_verdict(message, verdict, ctx)
-        return verdict
+    def decide_sends(self, messages: Sequence[Message], capabilities: Capabilities, *,
+                     broker: str = "unknown", role: str = "producer",
+                     sender: str | None = None, transaction: TransactionState | None = None,
+                     batch: bool = True) -> SendDecision:
+        """First half of a send: decide ``messages`` (to go to a broker of ``broker``'s
+        kind, with ``capabilities``), in order; nothing is written to a broker here.
+
+        Each message without one gets its mqguard id. Then ``before_send`` decides each
+        message, up to the first REJECT outside a transaction (nothing after it is
+        decided: :attr:`SendDecision.undecided`); inside ``transaction`` a REJECT makes
+        the transaction rollback-only (Artemis: its COMMIT fails) and deciding goes on.
+        With ``batch`` (only outside a transaction) the messages share one context per
+        address with ``ctx.batch`` True, and ``before_send_batch`` is then called once
+        over everything ``before_send`` accepted (the duplicate-ID reservation of the
+        whole batch: one store round trip per address); what it refuses is not sent.
+        Without ``batch`` each message has a context of its own and no batch hook runs
+        (the one-message path, and every send in a transaction). Every verdict other than
+        CONTINUE is recorded as its event here.
+
+        ``sender`` names one ordered stream of sends whose confirmations come back in
+        order (a sidecar client connection; ``ctx.sender``). ``role`` is the hook
+        contexts' role. Raises what a plugin raises; then nothing was decided.
+
+        Every forwarded result must be settled once with :meth:`settle_sends`: the
+        duplicate detection holds the ids it reserved until then.
+        """
+        _stamp_ids(messages)
+        if transaction is not None:
+            batch = False
+        tx_id = transaction.transaction_id if transaction is not None else None
+        first = self._before_send.first
+        record = self._record_verdict
+        results: list[SendResult] = []
+        append = results.append
+        contexts: dict[str, HookContext] = {}
+        # Positions (in results) of the messages forwarded, for before_send_batch.
+        forwarded: list[int] = []
+        # Whether some result forwards nothing, and whether one is a REJECT.
+        held = refused = False
+        for message in messages:
+            if batch:
+                # One context per address and batch: the messages of a batch to one
+                # address share everything a context holds (settings, capabilities,
+                # role), and building one per message cost ~2 us each on the send path.
+                ctx = contexts.get(message.address)
+                if ctx is None:
+                    ctx = contexts[message.address] = self._send_context(
+                        message.address, capabilities, role, None, broker, sender, True)
+            else:
+                ctx = self._send_context(message.address, capabilities, role, tx_id, broker,
+                                         sender, False)
+            verdict = first(message, ctx)
+            if verdict is None or verdict.action is Action.CONTINUE:
+                if batch:
+                    forwarded.append(len(results))
+                append(SendResult(message, verdict or _CONTINUE, message, ctx, transaction))
+                continue
+            record(message, verdict, ctx)
+            action = verdict.action
+            if action is Action.MOVE and verdict.address:
+                moved = message.copy_for(verdict.address)
+                moved.message_id = message.message_id
+                if batch:
+                    forwarded.append(len(results))
+                append(SendResult(message, verdict, moved, ctx, transaction))
+                continue
+            append(SendResult(message, verdict, None, ctx, transaction))
+            held = True
+            if action is Action.REJECT:
+                refused = True
+                if transaction is None:
+                    break
+                transaction.rollback_reason = transaction.rollback_reason or verdict.reason
+        if forwarded:
+            batch_held, batch_refused = self._decide_batch(results, forwarded, capabilities,
+                                                           role, broker, sender)
+            held, refused = held or batch_held, refused or batch_refused
+        decided = tuple(results)
+        if not held:  # the common case: everything goes to the broker
+            return SendDecision(decided, decided, None, len(messages) - len(decided),
+                                transaction)
+        rejected = None
+        if refused:
+            rejected = next(result for result in decided
+                            if result.verdict.action is Action.REJECT)
+        return SendDecision(decided, tuple([result for result in decided
+                                                   if result.forward is not None]),
+                            rejected, len(messages) - len(decided), transaction)
+
+    def _send_context(self, address: str, capabilities: Capabilities, role: str,
+                      transaction: str | None, broker: str, sender: str | None,
+                      batch: bool) -> HookContext:
+        ctx = HookContext(self, address, self.settings.resolve(address), capabilities, role,
+                          None, transaction, broker)
+        ctx.sender = sender
+        ctx.batch = batch
+        return ctx
+
+    def _decide_batch(self, results: list[SendResult], forwarded: list[int],
+                      capabilities: Capabilities, role: str, broker: str,
+                      sender: str | None) -> tuple[bool, bool]:
+        """Run ``before_send_batch`` over the forwarded messages (``results[i]`` for ``i``
+        in ``forwarded``); a result it refuses is replaced by one without ``forward``
+        carrying its verdict. Returns whether it refused any, and whether a REJECT."""
+        outgoing = [forward for position in forwarded
+                    if (forward := results[position].forward) is not None]
+        ctx = self._send_context(outgoing[0].address, capabilities, role, None, broker, sender,
+                                 True)
+        verdicts: dict[int, Verdict] = {}
+        for answer in self.hook.before_send_batch(messages=outgoing, ctx=ctx):
+            for index, verdict in (answer or {}).items():
+                verdicts.setdefault(index, verdict)
+        if not verdicts:
+            return False, False
+        held = rejected = False
+        for index, verdict in sorted(verdicts.items()):
+            if verdict.action is Action.CONTINUE or not 0 <= index < len(forwarded):
+                continue
+            position = forwarded[index]
+            result = results[position]
+            refused = outgoing[index]
+            # Recorded for what it refused: the message, or its moved copy.
+            self._record_verdict(refused, verdict, result.ctx)
+            results[position] = SendResult(result.message, verdict, None, result.ctx,
+                                           result.transaction)
+            held = True
+            rejected = rejected or verdict.action is Action.REJECT
+        return held, rejected
+
+    def settle_sends(self, confirmed: Iterable[SendResult] = (),
+                     failed: Iterable[SendResult] = (), *,
+                     error: BaseException | None = None) -> None:
+        """Second half of a send: what the broker did with forwarded results of
+        :meth:`decide_sends` (any decisions' results, each settled once).
+
+        ``confirmed``: the broker has them. Outside a transaction they are sent: their
+        ``sent`` events in one append (one timestamp), ``after_send`` per message, then
+        ``after_send_batch`` once for those decided as a batch; inside one they are
+        recorded in the transaction, whose COMMIT (:meth:`committed`) sends them.
+        ``failed``: the broker did not confirm them (``error`` says why, and is
+        required with them): the broker may or may not have them, so each gets a
+        ``send_failed`` event (the audit classifies it as an unknown outcome and
+        reconciles it with deliveries later) and ``on_send_exception``; a duplicate id
+        reserved for it is released. Results without ``forward`` are ignored.
+        """
+        if error is None:
+            failed = [result for result in failed if result.forward is not None]
+            if failed:
+                raise ValueError("settle_sends: failed sends need the error that failed them")
+        sent: list[tuple[Message, HookContext]] = []
+        for result in confirmed:
+            forward = result.forward
+            if forward is None:
+                continue
+            if result.transaction is None:
+                sent.append((forward, result.ctx))
+            else:
+                result.transaction.messages.append(forward)
+        if sent:
+            self._sent(sent)
+        for result in failed:
+            forward = result.forward
+            if forward is None:
+                continue
+            ctx = result.ctx
+            self.events.emit(EventType.SEND_FAILED, forward, reason=repr(error),
+                             transaction=ctx.transaction)
+            observe(self.hook.on_send_exception, message=forward, ctx=ctx, exception=error)
+
+    def _sent(self, sent: list[tuple[Message, HookContext]]) -> None:
+        """Confirmed sends outside transactions. This runs after the last receipt, with
+        nothing else for the broker to do, so its cost is the batch's latency."""
+        self.events.emit_many(EventType.SENT, [message for message, _ in sent])
+        after_send = self._after_send
+        if after_send:
+            for message, ctx in sent:
+                after_send.each(message, ctx)
+        if self._after_send_batch:
+            batched = [(message, ctx) for message, ctx in sent if ctx.batch]
+            if batched:
+                self._after_send_batch.each([message for message, _ in batched], batched[0][1])
 
     def send(self, adapter: Adapter, message: Message, *,
              transaction: TransactionState | None = None) -> SendResult:
@@ -280,226 +490,34 @@ class Guard:
         """Guard several messages and send the accepted ones pipelined; return once the
         broker confirmed them (or, in a transaction, once they are written).
 
-        Outside a transaction a REJECT raises :class:`MessageRejected` after the
-        accepted messages before it were sent; nothing after it is decided or sent.
-        Inside a transaction a REJECT marks the transaction rollback-only (Artemis
-        semantics): COMMIT will fail. Every message that reached the adapter gets
-        exactly one ``sent`` or ``send_failed`` event before this returns or raises.
+        :meth:`decide_sends` (as one batch when there are several messages outside a
+        transaction), the forwarded messages to the adapter in one ``send_many``, then
+        :meth:`settle_sends`. Outside a transaction a REJECT raises
+        :class:`MessageRejected` after the accepted messages were sent; nothing after a
+        message ``before_send`` rejects is decided or sent. Inside a transaction a REJECT
+        marks the transaction rollback-only (Artemis semantics): COMMIT will fail. Outside
+        a transaction every message that reached the adapter gets exactly one ``sent`` or
+        ``send_failed`` event before this returns or raises.
         """
-        if transaction is None and len(messages) > 1:
-            return self._send_in_parts(adapter, messages)
-        tx_id = transaction.transaction_id if transaction else None
-        results: list[SendResult] = []
-        outgoing: list[tuple[Message, HookContext]] = []
-        for message in messages:
-            ctx = self.context(message.address, adapter.capabilities, role="producer",
-                               transaction=tx_id, broker=adapter.broker)
-            verdict = self.decide_send(message, ctx)
-            results.append(SendResult(message, verdict))
-            if verdict.action is Action.REJECT:
-                if transaction is None:
-                    raise MessageRejected(message.address, verdict.reason)
-                transaction.rollback_reason = transaction.rollback_reason or verdict.reason
-                continue
-            if (accepted := self._accepted(message, verdict)) is not None:
-                outgoing.append((accepted, ctx))
-        self._transmit(adapter, outgoing, transaction)
-        return results
-
-    @staticmethod
-    def _accepted(message: Message, verdict: Verdict) -> Message | None:
-        """What goes to the broker for a ``before_send`` verdict: the message, its moved
-        copy (same mqguard id), or nothing (DROP, REJECT)."""
-        if verdict.action is Action.CONTINUE:
-            return message
-        if verdict.action is Action.MOVE and verdict.address:
-            moved = message.copy_for(verdict.address)
-            moved.message_id = message.message_id
-            return moved
-        return None
-
-    def _send_in_parts(self, adapter: Adapter, messages: Sequence[Message]
-                       ) -> list[SendResult]:
-        """The batch path outside transactions: decide, write, then await the receipts.
-
-        With :attr:`send_in_parts` the batch is decided and written in parts, growing
-        from :data:`FIRST_PART` to :data:`MAX_PART` messages (8, 32, 60 for a batch of
-        100): the broker works on part n while the guard decides part n+1 (hooks and one
-        ``before_send_batch``, i.e. one duplicate-ID reservation, per part). Otherwise
-        (the default) the whole batch is one part.
-
-        Receipts are awaited once every part is written (the last part first, so the
-        thread wakes once per batch), then the parts are settled in order: ``sent``
-        events and ``after_send`` hooks, or ``send_failed`` and ``on_send_exception``
-        for the messages of a part that failed. Adapters without ``send_many_nowait`` get
-        the whole batch as one part, sent with ``send_many``.
-        """
-        send_nowait: Callable[[list[Message]], PendingSend] | None = getattr(
-            adapter, "send_many_nowait", None)
-        results: list[SendResult] = []
-        written: list[tuple[PendingSend, list[tuple[Message, HookContext]]]] = []
-        rejected: MessageRejected | None = None
-        failure: BaseException | None = None
-        position = 0
-        in_parts = send_nowait is not None and self.send_in_parts
-        size = FIRST_PART if in_parts else len(messages)
-        try:
-            while position < len(messages) and rejected is None:
-                part = messages[position:position + size]
-                position += len(part)
-                size = min(size * PART_GROWTH, MAX_PART)
-                outgoing, rejected = self._decide_part(adapter, part, results)
-                if not outgoing:
-                    continue
-                if send_nowait is None:
-                    self._transmit(adapter, outgoing, None)
-                    continue
-                try:
-                    pending = send_nowait([message for message, _ in outgoing])
-                except Exception as exc:
-                    for message, ctx in outgoing:
-                        self.send_failed(message, ctx, exc)
-                    raise
-                written.append((pending, outgoing))
-        except BaseException as exc:
-            # Earlier parts are on their way: settle them (events, hooks) before raising.
-            failure = exc
-        if len(written) > 1:
-            # The broker confirms in order: once the last part is in, so are the others
-            # (normally), and the thread wakes up once per batch instead of once per part.
-            # Its outcome is looked at again, in order, below.
-            with contextlib.suppress(Exception):
-                written[-1][0].wait()
-        for pending, outgoing in written:
+        decision = self.decide_sends(messages, adapter.capabilities, broker=adapter.broker,
+                                     transaction=transaction, batch=len(messages) > 1)
+        outgoing = decision.outgoing
+        if outgoing:
+            tx_id = transaction.transaction_id if transaction is not None else None
             try:
-                pending.wait()
+                batch = [result.forward for result in outgoing if result.forward is not None]
+                if len(batch) > 1:
+                    adapter.send_many(batch, transaction=tx_id)
+                else:
+                    adapter.send(batch[0], transaction=tx_id)
             except Exception as exc:
-                for message, ctx in outgoing:
-                    self.send_failed(message, ctx, exc)
-                failure = failure or exc
-                continue
-            self._settle_sent(outgoing)
-        if failure is not None:
-            raise failure
-        if rejected is not None:
-            raise rejected
-        return results
-
-    def _decide_part(self, adapter: Adapter, part: Sequence[Message],
-                     results: list[SendResult]
-                     ) -> tuple[list[tuple[Message, HookContext]], MessageRejected | None]:
-        """Run ``before_send`` over ``part`` (up to the first REJECT) and then
-        ``before_send_batch`` over what it accepted. Appends to ``results``; returns what
-        goes to the broker and the first rejection, if any."""
-        outgoing: list[tuple[Message, HookContext]] = []
-        capabilities, broker = adapter.capabilities, adapter.broker
-        _stamp_ids(part)
-        # One context per address and part: the messages of a part to one address share
-        # everything a context holds (settings, capabilities, role), and building one per
-        # message cost ~2 us each on the send path.
-        contexts: dict[str, HookContext] = {}
-        for message in part:
-            ctx = contexts.get(message.address)
-            if ctx is None:
-                ctx = self.context(message.address, capabilities, role="producer",
-                                   broker=broker)
-                ctx.batch = True
-                contexts[message.address] = ctx
-            verdict = self.decide_send(message, ctx)
-            results.append(SendResult(message, verdict))
-            if verdict.action is Action.REJECT:
-                # Decided so far is sent; nothing after the rejected message is.
-                rejected = MessageRejected(message.address, verdict.reason)
-                return self._decide_batch(adapter, outgoing, results)[0], rejected
-            if (accepted := self._accepted(message, verdict)) is not None:
-                outgoing.append((accepted, ctx))
-        return self._decide_batch(adapter, outgoing, results)
-
-    def _decide_batch(self, adapter: Adapter, outgoing: list[tuple[Message, HookContext]],
-                      results: list[SendResult]
-                      ) -> tuple[list[tuple[Message, HookContext]], MessageRejected | None]:
-        """Run ``before_send_batch`` over the accepted messages; returns what it did not
-        refuse, and the first REJECT among its verdicts (its messages are not sent)."""
-        if not outgoing:
-            return outgoing, None
-        ctx = self.context(outgoing[0][0].address, adapter.capabilities, role="producer",
-                           broker=adapter.broker)
-        ctx.batch = True
-        # One ordered stream (a producer, a sidecar connection) sends the whole batch: the
-        # duplicate detection's same-sender rule needs it here as on the one-message path,
-        # or a pipelined duplicate of an unconfirmed original in an earlier batch is
-        # refused as in flight instead of being dropped as a duplicate.
-        senders = {message_ctx.sender for _, message_ctx in outgoing}
-        if len(senders) == 1:
-            ctx.sender = senders.pop()
-        verdicts: dict[int, Verdict] = {}
-        for answer in self.hook.before_send_batch(messages=[m for m, _ in outgoing], ctx=ctx):
-            for index, verdict in (answer or {}).items():
-                verdicts.setdefault(index, verdict)
-        if not verdicts:
-            return outgoing, None
-        by_message = {id(result.message): result for result in results}
-        kept: list[tuple[Message, HookContext]] = []
-        rejected: MessageRejected | None = None
-        for index, (message, message_ctx) in enumerate(outgoing):
-            verdict = verdicts.get(index)
-            if verdict is None or verdict.action is Action.CONTINUE:
-                kept.append((message, message_ctx))
-                continue
-            self._record_verdict(message, verdict, message_ctx)
-            result = by_message.get(id(message))
-            if result is not None:
-                result.verdict = verdict
-            if verdict.action is Action.REJECT and rejected is None:
-                rejected = MessageRejected(message.address, verdict.reason)
-        return kept, rejected
-
-    def _transmit(self, adapter: Adapter, outgoing: list[tuple[Message, HookContext]],
-                  transaction: TransactionState | None) -> None:
-        if not outgoing:
-            return
-        batch = [message for message, _ in outgoing]
-        tx_id = transaction.transaction_id if transaction else None
-        try:
-            if len(batch) > 1:
-                adapter.send_many(batch, transaction=tx_id)
-            else:
-                adapter.send(batch[0], transaction=tx_id)
-        except Exception as exc:
-            for message, ctx in outgoing:
-                self.send_failed(message, ctx, exc)
-            raise
-        if transaction is not None:
-            transaction.messages.extend(batch)
-            return
-        self._settle_sent(outgoing)
-
-    def sent(self, message: Message, ctx: HookContext) -> None:
-        """The broker confirmed a send (outside a transaction): event and ``after_send``."""
-        self.events.emit(EventType.SENT, message)
-        self._after_send.each(message, ctx)
-
-    def _settle_sent(self, outgoing: list[tuple[Message, HookContext]]) -> None:
-        """:meth:`sent` for a confirmed batch: its ``sent`` events in one append (one
-        timestamp), ``after_send`` per message, then ``after_send_batch`` once for the
-        messages decided as a batch (``ctx.batch``). This runs after the last receipt,
-        with nothing else for the broker to do, so its cost is the batch's latency."""
-        self.events.emit_many(EventType.SENT, [message for message, _ in outgoing])
-        after_send = self._after_send
-        if after_send:
-            for message, ctx in outgoing:
-                after_send.each(message, ctx)
-        if self._after_send_batch:
-            batched = [(message, ctx) for message, ctx in outgoing if ctx.batch]
-            if batched:
-                self._after_send_batch.each([message for message, _ in batched], batched[0][1])
-
-    def send_failed(self, message: Message, ctx: HookContext, exc: BaseException) -> None:
-        """A send was not confirmed. The broker may or may not have it: the audit
-        classifies it as "unknown outcome" and reconciles it with deliveries later."""
-        self.events.emit(EventType.SEND_FAILED, message, reason=repr(exc),
-                         transaction=ctx.transaction)
-        observe(self.hook.on_send_exception, message=message, ctx=ctx, exception=exc)
+                self.settle_sends(failed=outgoing, error=exc)
+                raise
+            self.settle_sends(outgoing)
+        rejected = decision.rejected
+        if rejected is not None and transaction is None:
+            raise MessageRejected(rejected.message.address, rejected.verdict.reason)
+        return list(decision.results)
 
     # -- transactions ------------------------------------------------------------------
 
@@ -619,7 +637,7 @@ class Guard:
             ctx = self._delivery_context(adapter, delivery, queue)
             verdict = self._before_deliver.first(message, ctx)
             if verdict is not None and verdict.action is not Action.CONTINUE:
-                self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
+                self.apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
                 return None
             # (delivery_count is among the message's own event fields)
             # Its time is kept for the ``acked`` that ends a successful handling
@@ -735,7 +753,7 @@ class Guard:
                 opened = []
                 results.append(None)
                 try:
-                    self._apply_delivery_verdict(adapter, delivery, ctx, verdict, None)
+                    self.apply_delivery_verdict(adapter, delivery, ctx, verdict)
                 except Exception:
                     log.exception("delivery of %s on %s failed inside mqguard; left "
                                   "unacknowledged", delivery.message.message_id, ctx.queue)
@@ -883,10 +901,20 @@ class Guard:
                 self._record_verdict(message, verdict, ctx)
             self._ack(adapter, delivery, ctx, verdict.ack_reason)
         else:
-            self._apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
+            self.apply_delivery_verdict(adapter, delivery, ctx, verdict, handler)
 
-    def _apply_delivery_verdict(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
-                                verdict: Verdict, handler: Handler | None) -> None:
+    def apply_delivery_verdict(self, adapter: Adapter, delivery: Delivery, ctx: HookContext,
+                               verdict: Verdict, handler: Handler | None = None) -> None:
+        """Settle an opened delivery with ``verdict`` instead of handing it on (or after
+        its handler failed): REDELIVER, MOVE (a copy to ``verdict.address``, then the
+        original's ack), DROP (the ack), each with its events and hooks.
+
+        ``ctx`` is what :meth:`open_delivery` returned for it. A front end uses this for
+        a delivery it cannot hand to its application, e.g. the sidecar for a MESSAGE its
+        client could not read (``Verdict.move(dead_letter_address, why)``). ``handler``
+        is needed only for in-process redelivery (``hold-local``). A MOVE's copy and ack
+        run on the adapter's dispatcher thread (``adapter.defer``).
+        """
         if verdict.action is Action.REDELIVER:
             self._redeliver(adapter, delivery, ctx, verdict, handler)
             return

@@ -403,11 +403,9 @@ def test_batch_path_applies_the_same_sender_rule(tmp_path: Path, second_sender: 
     try:
         def decide(sender: str, body: bytes) -> list:
             message = Message("q", body, duplicate_id="A", message_id=body.decode())
-            ctx = guard.context("q", adapter.capabilities, role="producer",
-                                broker=adapter.broker)
-            ctx.sender = sender
-            kept, rejected = guard._decide_batch(adapter, [(message, ctx)], [])
-            return [kept, rejected]
+            decision = guard.decide_sends([message], adapter.capabilities,
+                                          broker=adapter.broker, sender=sender)
+            return [list(decision.outgoing), decision.rejected]
 
         kept, rejected = decide("connection-1", b"first")
         assert len(kept) == 1 and rejected is None  # reserved, confirmation outstanding
@@ -416,6 +414,6 @@ def test_batch_path_applies_the_same_sender_rule(tmp_path: Path, second_sender: 
         if expected == "duplicate":
             assert rejected is None and "duplicate_rejected" in kinds(guard)
         else:
-            assert rejected is not None and IN_FLIGHT_CODE in str(rejected)
+            assert rejected is not None and IN_FLIGHT_CODE in rejected.reason
     finally:
         guard.close()
