@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: sets up a fresh machine, then lints and runs the whole suite
+# The test command: sets up a fresh machine, then lints, type-checks and runs the whole suite
 # against real servers that the pytest fixtures start on free loopback ports.
 # Extra arguments go to pytest (e.g. -k redis, -m "not rabbitmq").
 set -euo pipefail
@@ -8,6 +8,8 @@ cd "$repo_root"
 python="${PYTHON:-python3}"
 bash deploy/local/setup.sh
 "$python" -m ruff check .
+# Type checks: pyproject's [tool.mypy] names the packages and the modules checked strictly.
+"$python" -m mypy
 status=0
 "$python" -m pytest "$@" || status=$?
 if [ "$status" -eq 5 ]; then
