@@ -296,7 +296,7 @@ def hookspec_functions() -> list[tuple[str, Callable[..., Any], dict[str, Any]]]
     functions = [f for _, f in inspect.getmembers(hookspecs, inspect.isfunction)
                  if hasattr(f, marker)]
     functions.sort(key=lambda f: f.__code__.co_firstlineno)
-    result = []
+    result: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
     for function in functions:
         line = function.__code__.co_firstlineno
         group = next((headings[n] for n in sorted(headings, reverse=True) if n < line), "")
@@ -359,6 +359,8 @@ def hooks_markdown() -> str:
     out = [GENERATED_NOTE.format(source="mqguard/hookspecs.py and mqguard/verdict.py"), "",
            "# Hook reference", "", _rst_to_md(inspect.getdoc(hookspecs) or ""), "",
            "How to write and register a plugin: [writing-plugins.md](writing-plugins.md).", "",
+           "How a front end (a wrapper, the sidecar, another protocol) drives the guard that "
+           "calls these hooks: [embedding.md](embedding.md).", "",
            "## Summary", "", "| hook | kind | returns |", "|---|---|---|"]
     for _, function, options in specs:
         result = _annotation_text(inspect.signature(function).return_annotation)

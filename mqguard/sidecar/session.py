@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from mqguard.adapter import Delivery
-from mqguard.adapters.stomp import BROKER_MESSAGE_HEADERS, detect_broker, send_headers
 from mqguard.context import HookContext
 from mqguard.errors import AdapterError, Nack
 from mqguard.events import EventType
@@ -53,7 +52,6 @@ from mqguard.message import (
     parse_wire_int,
 )
 from mqguard.pipeline import SendResult, TransactionState
-from mqguard.pipeline import _stamp_ids as stamp_ids
 from mqguard.sidecar.connection import FrameConnection, Items, QuickAck
 from mqguard.sidecar.frames import (
     HEARTBEAT,
@@ -72,6 +70,15 @@ from mqguard.sidecar.frames import (
 from mqguard.sidecar.outbox import Outbox
 from mqguard.sidecar.receipts import CHAIN_RECEIPT_PREFIX, ReceiptChain
 from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
+from mqguard.stomp_brokers import (
+    ACK_MODES,
+    BROKER_MESSAGE_HEADERS,
+    address_of,
+    detect_broker,
+    native_delivery_count,
+    send_headers,
+)
+from mqguard.stomp_brokers import destination_of as _destination_of
 from mqguard.verdict import Action, Verdict
 
 if TYPE_CHECKING:
@@ -82,22 +89,10 @@ log = logging.getLogger("mqguard.sidecar")
 #: SEND headers that frame the message rather than belong to it.
 _FRAMING_SEND_HEADERS: Final = frozenset({"destination", "receipt", "transaction",
                                           "content-length"})
-ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
 _session_ids = itertools.count(1)
-#: Verdicts under which a SEND goes to the broker (the message or its moved copy).
-_FORWARDED: Final = (Action.CONTINUE, Action.MOVE)
 #: What a SEND's headers say: destination, receipt, transaction, and the message's own
 #: headers (first occurrence of each name; framing headers left out).
 _SendFields = tuple[str | None, str | None, str | None, dict[str, str]]
-
-
-def address_of(destination: str) -> str:
-    """The guard's address for a STOMP destination: ``/queue/orders`` -> ``orders``.
-
-    Other destinations (``/topic/...``, RabbitMQ's ``/exchange/...``) keep their
-    full name, so they cannot collide with queue names in address settings.
-    """
-    return destination[7:] if destination.startswith("/queue/") else destination
 
 
 @dataclass(slots=True)
@@ -158,7 +153,7 @@ class ProxySession:
         self.leg: UpstreamLeg | None = None
         self._chain = ReceiptChain(self._client_receipt)
         #: SENDs the broker confirmed whose "sent" bookkeeping is still to run.
-        self._confirmed: list[tuple[Message, HookContext]] = []
+        self._confirmed: list[SendResult] = []
         self._subs: dict[str, _Subscription] = {}
         #: ack token -> its subscription, for the client's ACK/NACK.
         self._token_sub: dict[str, _Subscription] = {}
@@ -565,7 +560,7 @@ class ProxySession:
                 if fields[2] is not None or not fields[0]:
                     self._on_send(item, fields)  # in a transaction, or an error
                 else:
-                    run = [(item, fields)]
+                    sends = [(item, fields)]
                     while index < count:
                         ahead = items[index]
                         if ahead is HEARTBEAT or ahead.command != "SEND":  # type: ignore[attr-defined]
@@ -575,8 +570,8 @@ class ProxySession:
                             break
                         index += 1
                         counts["SEND"].value += 1
-                        run.append((ahead, ahead_fields))  # type: ignore[arg-type]
-                    self._on_sends(run)
+                        sends.append((ahead, ahead_fields))  # type: ignore[arg-type]
+                    self._on_sends(sends)
             if self._client_done:
                 return
 
@@ -690,7 +685,7 @@ class ProxySession:
         if confirmed:
             batch = confirmed[:]
             confirmed.clear()
-            self.guard._settle_sent(batch)
+            self.guard.settle_sends(batch)
 
     def _client_receipt(self, receipt_id: str) -> None:
         self._client_out.write(encode_one_header("RECEIPT", "receipt-id", receipt_id,
@@ -749,7 +744,7 @@ class ProxySession:
     def _on_client_frame(self, frame: Frame) -> None:
         command = frame.command
         if command == "SEND":
-            self._on_send(frame)
+            self._on_send(frame, _send_fields(frame))
         elif command in ("ACK", "NACK"):
             self._on_settle(frame)
         elif command == "SUBSCRIBE":
@@ -840,61 +835,35 @@ class ProxySession:
                 self._fail(f"transaction {tx_id!r} was not begun", receipt=receipt)
         assert destination is not None and self.leg is not None
         message = self._message_of_send(frame.body, destination, headers)
-        ctx = self.guard.context(message.address, self.leg.capabilities, role="sidecar",
-                                 transaction=tx_id, broker=self.broker)
-        ctx.sender = self._producer_id  # one connection: its receipts come back in order
         started = time.perf_counter()
-        verdict = self.guard.decide_send(message, ctx)
+        decision = self.guard.decide_sends(
+            [message], self.leg.capabilities, broker=self.broker, role="sidecar",
+            sender=self._producer_id,  # one connection: its receipts come back in order
+            transaction=transaction.state if transaction is not None else None, batch=False)
         self.metrics.send_guard.observe(time.perf_counter() - started)
-        self.metrics.message("send", verdict.action.value)
-        self._settle_send(frame, destination, receipt, self.guard._accepted(message, verdict),
-                          ctx, verdict, transaction)
+        result = decision.results[0]
+        self.metrics.message("send", result.verdict.action.value)
+        self._settle_send(frame, destination, receipt, result, transaction)
 
     def _on_sends(self, run: list[tuple[Frame, _SendFields]]) -> None:
         """Consecutive SENDs outside transactions, decided as one batch.
 
-        As the wrappers' ``send_batch``: ``before_send`` per message (``ctx.batch``), up to
-        the first REJECT, then one ``before_send_batch`` over the accepted ones (duplicate
-        detection: one reservation per address instead of one per message). Then each is
-        settled in order exactly as a SEND on its own would be. At a REJECT the session
-        fails and nothing after it is forwarded: what the batch reserved for the later
-        ones is given back (``send_failed``).
+        As the wrappers' ``send_batch`` (:meth:`~mqguard.pipeline.Guard.decide_sends`):
+        ``before_send`` per message (``ctx.batch``), up to the first REJECT, then one
+        ``before_send_batch`` over the accepted ones (duplicate detection: one
+        reservation per address instead of one per message). Then each is settled in
+        order exactly as a SEND on its own would be. At a REJECT the session fails and
+        nothing after it is forwarded: what the batch reserved for the later ones is
+        given back (``send_failed``).
         """
         guard, leg = self.guard, self.leg
         assert leg is not None
         started = time.perf_counter()
         messages = [self._message_of_send(frame.body, fields[0], fields[3])  # type: ignore[arg-type]
                     for frame, fields in run]
-        stamp_ids(messages)
-        contexts: dict[str, HookContext] = {}
-        results: list[SendResult] = []
-        # Per accepted message: its position in the run, what goes to the broker, its
-        # context, and the SendResult that before_send_batch's verdict lands in.
-        entries: dict[int, tuple[Message, HookContext, SendResult]] = {}
-        trackers: list[SendResult] = []
-        for position, message in enumerate(messages):
-            ctx = contexts.get(message.address)
-            if ctx is None:
-                ctx = guard.context(message.address, leg.capabilities, role="sidecar",
-                                    broker=self.broker)
-                ctx.sender = self._producer_id  # one connection: receipts come in order
-                ctx.batch = True
-                contexts[message.address] = ctx
-            verdict = guard.decide_send(message, ctx)
-            result = SendResult(message, verdict)
-            results.append(result)
-            if verdict.action is Action.REJECT:
-                break
-            accepted = guard._accepted(message, verdict)
-            if accepted is not None:
-                tracker = result
-                if accepted is not message:  # a moved copy: its batch verdict goes here
-                    tracker = SendResult(accepted, verdict)
-                    trackers.append(tracker)
-                entries[position] = (accepted, ctx, tracker)
-        if entries:
-            guard._decide_batch(leg, [(accepted, ctx) for accepted, ctx, _ in entries.values()],
-                                results + trackers)
+        decision = guard.decide_sends(messages, leg.capabilities, broker=self.broker,
+                                      role="sidecar", sender=self._producer_id)
+        results = decision.results
         decided = len(results)
         self.metrics.send_guard.observe_many((time.perf_counter() - started) / decided,
                                              decided)
@@ -902,51 +871,42 @@ class ProxySession:
         try:
             for position, result in enumerate(results):
                 frame, (destination, receipt, _, _) = run[position]
-                entry = entries.get(position)
-                verdict = result.verdict if entry is None else entry[2].verdict
-                self.metrics.message("send", verdict.action.value)
-                if verdict.action is Action.REJECT:
-                    self._fail(f"message rejected: {verdict.reason}"[:200], receipt=receipt)
-                accepted, ctx = (entry[0], entry[1]) if entry is not None else (None, None)
-                self._settle_send(frame, destination, receipt, accepted, ctx,  # type: ignore[arg-type]
-                                  verdict, None)
+                self.metrics.message("send", result.verdict.action.value)
+                self._settle_send(frame, destination, receipt, result, None)  # type: ignore[arg-type]
         except BaseException:
             # This SEND ended the session (rejected, or not representable): nothing after
             # it reaches the broker, so what the batch reserved for those is given back.
-            failed = AdapterError("not sent: an earlier SEND on this connection failed")
-            for later in range(position + 1, decided):
-                later_entry = entries.get(later)
-                if later_entry is not None and later_entry[2].verdict.action in _FORWARDED:
-                    guard.send_failed(later_entry[0], later_entry[1], failed)
+            guard.settle_sends(failed=results[position + 1:], error=AdapterError(
+                "not sent: an earlier SEND on this connection failed"))
             raise
 
     def _settle_send(self, frame: Frame, destination: str, receipt: str | None,
-                     message: Message | None, ctx: HookContext, verdict: Verdict,
-                     transaction: _Transaction | None) -> None:
-        """Act on the verdict of one SEND: forward ``message`` (what the guard accepted:
-        the client's or its moved copy), answer the client locally, or fail."""
-        action = verdict.action
-        if action is Action.REJECT:
+                     result: SendResult, transaction: _Transaction | None) -> None:
+        """Act on the decision for one SEND: forward what the guard accepted (the
+        client's message or its moved copy), answer the client locally, or fail."""
+        verdict = result.verdict
+        if verdict.action is Action.REJECT:
             if transaction is not None:
-                # Artemis: the transaction becomes rollback-only; its COMMIT fails.
-                state = transaction.state
-                state.rollback_reason = state.rollback_reason or verdict.reason
+                # Artemis: the transaction is rollback-only now (the guard marked it);
+                # its COMMIT fails.
                 self._chain.local(receipt)
                 return
             self._fail(f"message rejected: {verdict.reason}"[:200], receipt=receipt)
-        if message is None or action not in _FORWARDED:
+        message = result.forward
+        if message is None:
             self._chain.local(receipt)  # DROP: the send "succeeds" for the client (Artemis)
             return
-        if action is Action.MOVE and verdict.address:
-            destination = _destination_of(verdict.address)
+        if result.moved:
+            destination = _destination_of(message.address)
         if message.expiration:
             self.sidecar.watch_expiring(message.address)
+        guard = self.guard
         try:
             headers = send_headers(message, self.broker, persistent=False,
                                    native_expiry=self.sidecar.config.native_expiry)
         except AdapterError as exc:
             if transaction is None:
-                self.guard.send_failed(message, ctx, exc)  # frees a reserved duplicate id
+                guard.settle_sends(failed=(result,), error=exc)  # frees a reserved duplicate id
             self._fail(str(exc)[:200], receipt=receipt)
         out = Frame("SEND", [("destination", destination)], frame.body)
         out.headers.extend(headers.items())
@@ -959,11 +919,11 @@ class ProxySession:
                                self.sidecar.broker_limits, self.broker)
         if refusal is not None:
             if transaction is None:
-                self.guard.send_failed(message, ctx, AdapterError(refusal))
+                guard.settle_sends(failed=(result,), error=AdapterError(refusal))
             self._fail(f"message refused: {refusal}"[:200], receipt=receipt,
                        detail=f"not sent to {destination}: {refusal}")
         if transaction is not None:
-            transaction.state.messages.append(message)
+            guard.settle_sends((result,))  # the guard holds it for the COMMIT
             if receipt is not None:
                 data = with_plain_header(data, "receipt", self._chain.expect(receipt))
         else:
@@ -971,13 +931,12 @@ class ProxySession:
             # has the message, and an unconfirmed one is recorded as an unknown outcome.
             # The "sent" bookkeeping (event, after_send) is queued, not run, when the
             # RECEIPT comes: see _settle_confirmed.
-            guard = self.guard
-            sent = message
             confirmed = self._confirmed
             data = with_plain_header(data, "receipt", self._chain.expect(
                 receipt,
-                on_done=lambda: confirmed.append((sent, ctx)),
-                on_fail=lambda reason: guard.send_failed(sent, ctx, AdapterError(reason))))
+                on_done=lambda: confirmed.append(result),
+                on_fail=lambda reason: guard.settle_sends(failed=(result,),
+                                                          error=AdapterError(reason))))
         self._write_broker_bytes(data)
 
     def _message_of_send(self, body: bytes, destination: str,
@@ -1367,9 +1326,9 @@ class ProxySession:
                 if refused is None:
                     log.warning("session %s: message %s on %s dead-lettered to %s: %s",
                                 self.label, message.message_id, sub.queue, target, why)
-                    self.guard._apply_delivery_verdict(
+                    self.guard.apply_delivery_verdict(
                         self.leg, delivery, ctx,
-                        Verdict.move(target, why, event=EventType.DEAD_LETTERED), None)
+                        Verdict.move(target, why, event=EventType.DEAD_LETTERED))
                     return
                 why = f"{why}; its dead-letter copy would be refused: {refused}"
             else:
@@ -1382,9 +1341,9 @@ class ProxySession:
                         "back to the broker)", self.label, message.message_id, sub.queue, why)
             reason = f"{why}; acknowledged (STOMP 1.0 has no NACK)"[:500]
             if ctx is not None:  # opened by the guard: dropped its way (event, hooks)
-                self.guard._apply_delivery_verdict(
+                self.guard.apply_delivery_verdict(
                     self.leg, delivery, ctx,
-                    Verdict.drop(reason, event=EventType.DELIVERY_DROPPED), None)
+                    Verdict.drop(reason, event=EventType.DELIVERY_DROPPED))
                 return
             self.leg.ack(delivery)
             self.guard.events.emit(EventType.DELIVERY_DROPPED, message, queue=sub.queue,
@@ -1431,15 +1390,5 @@ def _send_fields(frame: Frame) -> _SendFields:
     return destination, receipt, transaction, headers
 
 
-def _destination_of(address: str) -> str:
-    return address if address.startswith("/") else f"/queue/{address}"
-
-
 def _native_count(broker: str, sub: _Subscription, headers: dict[str, str]) -> int | None:
-    raw = headers.get("x-delivery-count")
-    number = parse_wire_int(raw) if raw is not None else None
-    if number is not None:
-        return number + 1  # RabbitMQ counts the earlier deliveries
-    if broker == "rabbitmq" and sub.quorum:
-        return 1  # a quorum queue omits the header on the first delivery
-    return None
+    return native_delivery_count(broker, headers, quorum=sub.quorum)
