@@ -1149,8 +1149,8 @@ class StompAdapter:
         """Write receipted SEND frames for ``messages`` and return without waiting.
 
         The returned handle's ``wait()`` blocks until every receipt arrived (AdapterError as
-        :meth:`send_many` otherwise). The guard writes a batch in parts this way, deciding
-        the next part while the broker works on the previous one. Errors found before
+        :meth:`send_many` otherwise), so a caller can have several batches on their way to
+        the broker and wait for them together. Errors found before
         anything is written (disconnected, a header STOMP cannot carry, the delivery
         thread) raise here, and then nothing of ``messages`` was sent.
         """

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from mqguard.context import HookContext
     from mqguard.errors import Nack
     from mqguard.message import Message
-    from mqguard.pipeline import Guard, SendResult
+    from mqguard.pipeline import Guard, SendDecision, SendResult
     from mqguard.producer import GuardedProducer
     from mqguard.registry import open_adapter
     from mqguard.stores import MemoryStore, open_store
@@ -37,6 +37,7 @@ __all__ = [
     "Message",
     "MqguardConfig",
     "Nack",
+    "SendDecision",
     "SendResult",
     "Verdict",
     "__version__",
@@ -49,6 +50,7 @@ __all__ = [
 #: Where each lazily loaded public name lives.
 _LAZY: dict[str, str] = {
     "Guard": "mqguard.pipeline",
+    "SendDecision": "mqguard.pipeline",
     "SendResult": "mqguard.pipeline",
     "GuardedProducer": "mqguard.producer",
     "GuardedConsumer": "mqguard.consumer",
