@@ -102,7 +102,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
@@ -114,8 +114,7 @@ from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeO
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
 from mqguard.message import Message, now_ms
-from mqguard.redact import AMBIGUOUS_USERINFO, userinfo_is_ambiguous
-from mqguard.registry import redact_url
+from mqguard.redact import redact_url, split_server_url
 
 __all__ = ["MqttAdapter", "address_to_topic", "check_mqtt_string", "read_user_properties",
            "topic_to_address"]
@@ -548,21 +547,10 @@ class MqttAdapter:
         tls_verify: bool = True,
     ) -> None:
         safe = redact_url(url)
-        if userinfo_is_ambiguous(url):
-            raise AdapterError(f"MQTT URL {safe!r}: {AMBIGUOUS_USERINFO}")
         try:
-            parts = urlsplit(url)
-        except ValueError:  # an unbalanced "[" or "]"
-            raise AdapterError(f"MQTT URL {safe!r} is not a valid URL") from None
-        if parts.scheme not in DEFAULT_PORTS:
-            raise AdapterError(f"MQTT adapter cannot use URL {safe!r}: scheme must be mqtt:// "
-                               "or mqtts://")
-        if not parts.hostname:
-            raise AdapterError(f"MQTT URL {safe!r} has no host")
-        try:
-            port = parts.port or DEFAULT_PORTS[parts.scheme]
-        except ValueError:
-            raise AdapterError(f"MQTT URL {safe!r} has an invalid port") from None
+            parts, host, port = split_server_url(url, DEFAULT_PORTS, what="MQTT URL")
+        except ValueError as exc:
+            raise AdapterError(str(exc)) from None
         if parts.query:
             raise AdapterError(f"MQTT URL {safe!r}: query parameters are not read; pass options")
         if protocol not in PROTOCOLS:
@@ -571,8 +559,8 @@ class MqttAdapter:
         if connect_timeout <= 0 or publish_timeout <= 0:
             raise AdapterError("connect_timeout and publish_timeout must be positive")
         self.url = safe
-        self.where = f"MQTT broker at {parts.hostname}:{port}"
-        self._host = parts.hostname
+        self.where = f"MQTT broker at {host}:{port}"
+        self._host = host
         self._port = port
         self._tls = parts.scheme == "mqtts"
         self._username = username if username is not None else (

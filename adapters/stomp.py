@@ -80,7 +80,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 import stomp  # type: ignore[import-untyped]
 import stomp.exception  # type: ignore[import-untyped]
@@ -92,8 +92,7 @@ from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeO
 from mqguard.errors import AdapterError, TransactionRolledBack
 from mqguard.jobthread import JobThread
 from mqguard.message import Message
-from mqguard.redact import AMBIGUOUS_USERINFO, userinfo_is_ambiguous
-from mqguard.registry import redact_url
+from mqguard.redact import redact_url, split_server_url
 from mqguard.stomp_brokers import (
     ACK_MODES,
     BROKER_CAPABILITIES,
@@ -437,21 +436,10 @@ class _Endpoint:
 
 def _parse_url(url: str) -> _Endpoint:
     safe = redact_url(url)
-    if userinfo_is_ambiguous(url):
-        raise AdapterError(f"STOMP URL {safe!r}: {AMBIGUOUS_USERINFO}")
     try:
-        parts = urlsplit(url)
-    except ValueError:  # an unbalanced "[" or "]"
-        raise AdapterError(f"STOMP URL {safe!r} is not a valid URL") from None
-    if parts.scheme not in DEFAULT_PORTS:
-        raise AdapterError(f"STOMP adapter cannot use URL {safe!r}: scheme must be stomp:// or "
-                           "stomp+ssl://")
-    if not parts.hostname:
-        raise AdapterError(f"STOMP URL {safe!r} has no host")
-    try:
-        port = parts.port or DEFAULT_PORTS[parts.scheme]
-    except ValueError:
-        raise AdapterError(f"STOMP URL {safe!r} has an invalid port") from None
+        parts, host, port = split_server_url(url, DEFAULT_PORTS, what="STOMP URL")
+    except ValueError as exc:
+        raise AdapterError(str(exc)) from None
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     unknown = sorted(set(query) - {"vhost"})
     if unknown:
@@ -459,7 +447,7 @@ def _parse_url(url: str) -> _Endpoint:
                            "only 'vhost' is read from the URL, pass the rest as options")
     return _Endpoint(
         scheme=parts.scheme,
-        host=parts.hostname,
+        host=host,
         port=port,
         login=unquote(parts.username) if parts.username else None,
         passcode=unquote(parts.password) if parts.password is not None else None,

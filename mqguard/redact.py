@@ -21,10 +21,11 @@ shown incompletely is a smaller harm than a password shown at all.
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from collections.abc import Mapping
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 
 __all__ = ["AMBIGUOUS_USERINFO", "MASK", "redact_text", "redact_url", "redact_urls_in",
-           "url_secrets", "userinfo_is_ambiguous"]
+           "split_server_url", "url_secrets", "userinfo_is_ambiguous"]
 
 #: What replaces a secret.
 MASK = "***"
@@ -172,3 +173,31 @@ def redact_urls_in(text: str) -> str:
         return redact_url(url) + blank + rest
 
     return _URL_IN_TEXT.sub(mask, text)
+
+
+def split_server_url(url: str, default_ports: Mapping[str, int], *, what: str
+                     ) -> tuple[SplitResult, str, int]:
+    """Split the URL of a server (a broker, the sidecar's upstream): its parts, host and
+    port (the scheme's default from ``default_ports`` when none is given).
+
+    Raises ValueError with a message that names ``what`` and shows the URL masked: a URL
+    whose user-info a parser would cut short (:func:`userinfo_is_ambiguous`), one that does
+    not parse, a scheme not in ``default_ports``, no host, or a bad port.
+    """
+    safe = redact_url(url)
+    if userinfo_is_ambiguous(url):
+        raise ValueError(f"{what} {safe!r}: {AMBIGUOUS_USERINFO}")
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unbalanced "[" or "]"
+        raise ValueError(f"{what} {safe!r} is not a valid URL") from None
+    if parts.scheme not in default_ports:
+        schemes = " or ".join(f"{scheme}://" for scheme in default_ports)
+        raise ValueError(f"{what} {safe!r}: scheme must be {schemes}")
+    if not parts.hostname:
+        raise ValueError(f"{what} {safe!r} has no host")
+    try:
+        port = parts.port or default_ports[parts.scheme]
+    except ValueError:
+        raise ValueError(f"{what} {safe!r} has an invalid port") from None
+    return parts, parts.hostname, port

@@ -29,12 +29,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from mqguard.config import MqguardConfig, SidecarConfig
 from mqguard.errors import ConfigError
 from mqguard.pipeline import Guard
-from mqguard.redact import AMBIGUOUS_USERINFO, redact_url, userinfo_is_ambiguous
+from mqguard.redact import redact_url, split_server_url
 from mqguard.registry import open_adapter
 from mqguard.sidecar.admin import (
     RequestTooLarge,
@@ -90,28 +89,17 @@ def parse_upstream(url: str, *, cafile: str | None = None,
     Errors show the URL masked (:func:`mqguard.redact.redact_url`); a password holding an
     unencoded ``/``, ``?`` or ``#`` is refused: a parser would connect to part of it.
     """
-    if userinfo_is_ambiguous(url):
-        raise ConfigError(f"--upstream {redact_url(url)!r}: {AMBIGUOUS_USERINFO}")
     try:
-        parts = urlsplit(url)
-    except ValueError:  # an unbalanced "[" or "]"
-        raise ConfigError(f"--upstream {redact_url(url)!r} is not a valid URL") from None
-    if parts.scheme not in DEFAULT_PORTS:
-        raise ConfigError(f"--upstream {redact_url(url)!r}: scheme must be stomp:// or "
-                          "stomp+ssl://")
-    if not parts.hostname:
-        raise ConfigError(f"--upstream {redact_url(url)!r} has no host")
-    try:
-        port = parts.port or DEFAULT_PORTS[parts.scheme]
-    except ValueError:
-        raise ConfigError(f"--upstream {redact_url(url)!r} has an invalid port") from None
+        parts, host, port = split_server_url(url, DEFAULT_PORTS, what="--upstream")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     context = None
     if parts.scheme == "stomp+ssl":
         context = ssl.create_default_context(cafile=cafile)
         if insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-    return Upstream(parts.hostname, port, context, url)
+    return Upstream(host, port, context, url)
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
