@@ -1,8 +1,8 @@
 """pytest fixtures for broker groups: a second ActiveMQ beside the session one.
 
 Load as a plugin from a test module: ``pytest_plugins = ["mqguard.testing.cluster"]``.
-``activemq_pair`` is session-scoped: node A is the session ``activemq_server``, node B a
-second local broker on its own free ports (same launcher, own state dir), stopped at the
+``mqguard_activemq_pair`` is session-scoped: node A is the session ``mqguard_activemq_server``, node
+B a second local broker on its own free ports (same launcher, own state dir), stopped at the
 end of the session.
 """
 
@@ -15,12 +15,12 @@ import pytest
 from mqguard.servers import ServerHandle
 from mqguard.testing.pytest_plugin import _provide, _release
 
-__all__ = ["activemq_pair", "activemq_second"]
+__all__ = ["mqguard_activemq_pair", "mqguard_activemq_second"]
 
 
 @pytest.fixture(scope="session")
-def activemq_second(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
-    """A second ActiveMQ Classic, independent of ``activemq_server``."""
+def mqguard_activemq_second(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """A second ActiveMQ Classic, independent of ``mqguard_activemq_server``."""
     handle = _provide("activemq")
     try:
         yield handle
@@ -29,7 +29,8 @@ def activemq_second(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
 
 
 @pytest.fixture(scope="session")
-def activemq_pair(activemq_server: ServerHandle, activemq_second: ServerHandle
-                  ) -> tuple[ServerHandle, ServerHandle]:
+def mqguard_activemq_pair(
+        mqguard_activemq_server: ServerHandle, mqguard_activemq_second: ServerHandle
+) -> tuple[ServerHandle, ServerHandle]:
     """Two independent ActiveMQ nodes (A, B) on loopback."""
-    return activemq_server, activemq_second
+    return mqguard_activemq_server, mqguard_activemq_second

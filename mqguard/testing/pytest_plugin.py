@@ -5,10 +5,11 @@ refuses ``pytest_plugins`` in deeper conftest files)::
 
     pytest_plugins = ["mqguard.testing.pytest_plugin"]
 
-Session-scoped: ``redis_server``, ``redis_cluster_server``, ``activemq_server``,
-``rabbitmq_server``, ``mosquitto_server`` (each a :class:`~mqguard.servers.ServerHandle`).
-Function-scoped: ``redis_url`` / ``redis_cluster_url`` (flushed before each test),
-``fresh_redis_server`` (a private Redis with AOF, for restart tests) and ``unique_name``.
+Session-scoped: ``mqguard_redis_server``, ``mqguard_redis_cluster_server``,
+``mqguard_activemq_server``, ``mqguard_rabbitmq_server``, ``mqguard_mosquitto_server`` (each a
+:class:`~mqguard.servers.ServerHandle`). Function-scoped: ``mqguard_redis_url`` /
+``mqguard_redis_cluster_url`` (flushed before each test), ``mqguard_fresh_redis_server`` (a private
+Redis with AOF, for restart tests) and ``mqguard_unique_name``.
 
 A server comes from Docker when an engine answers (see :mod:`mqguard.servers.docker`),
 otherwise from the local launchers, which install Debian packages on demand.  If neither
@@ -44,15 +45,15 @@ from mqguard.servers import (
 from mqguard.servers.docker import DOCKER_KINDS
 
 __all__ = [
-    "activemq_server",
-    "fresh_redis_server",
-    "mosquitto_server",
-    "rabbitmq_server",
-    "redis_cluster_server",
-    "redis_cluster_url",
-    "redis_server",
-    "redis_url",
-    "unique_name",
+    "mqguard_activemq_server",
+    "mqguard_fresh_redis_server",
+    "mqguard_mosquitto_server",
+    "mqguard_rabbitmq_server",
+    "mqguard_redis_cluster_server",
+    "mqguard_redis_cluster_url",
+    "mqguard_redis_server",
+    "mqguard_redis_url",
+    "mqguard_unique_name",
 ]
 
 # Every handle this plugin started, so that an interpreter exit that skips fixture teardown
@@ -99,7 +100,7 @@ def _provide(kind: str, **kw: Any) -> ServerHandle:
 def _release(handle: ServerHandle, session: pytest.Session) -> None:
     try:
         handle.stop()
-        # A restart in the same state dir (see fresh_redis_server) leaves the newest server
+        # A restart in the same state dir (see mqguard_fresh_redis_server) leaves the newest server
         # in handle.json; stop that one too.
         with contextlib.suppress(ServerUnavailable, OSError, ValueError):
             ServerHandle.load(handle.state_dir).stop()
@@ -121,41 +122,41 @@ def _server(kind: str, request: pytest.FixtureRequest) -> Iterator[ServerHandle]
 
 
 @pytest.fixture(scope="session")
-def redis_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+def mqguard_redis_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """A standalone Redis 7 for the whole session (urls["redis"] = redis://127.0.0.1:P/0)."""
     yield from _server("redis", request)
 
 
 @pytest.fixture(scope="session")
-def redis_cluster_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+def mqguard_redis_cluster_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """A 3-master Redis Cluster (urls["redis"] = redis+cluster://127.0.0.1:P)."""
     yield from _server("redis-cluster", request)
 
 
 @pytest.fixture(scope="session")
-def activemq_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+def mqguard_activemq_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """ActiveMQ Classic 5.17 with stomp/mqtt/openwire URLs; log in ``log_path``."""
     yield from _server("activemq", request)
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+def mqguard_rabbitmq_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """RabbitMQ 3.10 with STOMP+MQTT (guest/guest, vhost '/'); see ``rabbitmqctl``."""
     yield from _server("rabbitmq", request)
 
 
 @pytest.fixture(scope="session")
-def mosquitto_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+def mqguard_mosquitto_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """Mosquitto 2.0 (MQTT 3.1.1 and 5), anonymous; log in ``log_path``."""
     yield from _server("mosquitto", request)
 
 
 @pytest.fixture
-def redis_url(redis_server: ServerHandle) -> str:
+def mqguard_redis_url(mqguard_redis_server: ServerHandle) -> str:
     """URL of the session Redis, emptied (FLUSHALL) before the test."""
     import redis
 
-    url = redis_server.urls["redis"]
+    url = mqguard_redis_server.urls["redis"]
     client = redis.Redis.from_url(url)
     try:
         client.flushall()
@@ -165,11 +166,11 @@ def redis_url(redis_server: ServerHandle) -> str:
 
 
 @pytest.fixture
-def redis_cluster_url(redis_cluster_server: ServerHandle) -> str:
+def mqguard_redis_cluster_url(mqguard_redis_cluster_server: ServerHandle) -> str:
     """``redis+cluster://`` URL of the session cluster, every primary flushed before the test."""
     import redis
 
-    url = redis_cluster_server.urls["redis"]
+    url = mqguard_redis_cluster_server.urls["redis"]
     client = redis.RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1))
     try:
         client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
@@ -179,7 +180,7 @@ def redis_cluster_url(redis_cluster_server: ServerHandle) -> str:
 
 
 @pytest.fixture
-def fresh_redis_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+def mqguard_fresh_redis_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """A private Redis with ``appendonly yes`` for this test only.
 
     Restart it with :func:`mqguard.servers.restart_redis` (same state dir and port, data kept);
@@ -200,7 +201,7 @@ _UNSAFE = re.compile(r"[^a-z0-9]+")
 
 
 @pytest.fixture
-def unique_name(request: pytest.FixtureRequest) -> str:
+def mqguard_unique_name(request: pytest.FixtureRequest) -> str:
     """A name unique to this test run, safe as a STOMP queue, MQTT topic level or Redis key.
 
     Only ``[a-z0-9-]``: no ``.``/``/`` (hierarchy separators in ActiveMQ and MQTT), no wildcards

@@ -29,9 +29,9 @@ HEADERS = {"colon": "a:b", "backslash": "c\\d", "unicode": "žluť 🐇", "x-app
 
 
 @pytest.fixture
-def mqtt(mosquitto_server: Any) -> Iterator[Factory]:
+def mqtt(mqguard_mosquitto_server: Any) -> Iterator[Factory]:
     """MQTT adapters on the session Mosquitto, closed after the test."""
-    url = mosquitto_server.urls["mqtt"]
+    url = mqguard_mosquitto_server.urls["mqtt"]
     adapters: list[MqttAdapter] = []
 
     def make(*, connect: bool = True, **options: Any) -> MqttAdapter:
@@ -50,9 +50,9 @@ def mqtt(mosquitto_server: Any) -> Iterator[Factory]:
 
 
 @pytest.fixture
-def address(unique_name: str) -> str:
+def address(mqguard_unique_name: str) -> str:
     """A two-level address: ``mqg-<test>-<id>.orders`` is the topic ``mqg-.../orders``."""
-    return f"{unique_name}.orders"
+    return f"{mqguard_unique_name}.orders"
 
 
 def test_mqtt5_round_trip_with_user_properties_and_guard_headers(
@@ -296,13 +296,13 @@ def test_message_expiry_interval_is_honoured(mqtt: Factory, address: str) -> Non
 
 
 def test_oversized_malformed_and_duplicate_user_properties_are_skipped(
-        mqtt: Factory, mosquitto_server: Any, address: str) -> None:
+        mqtt: Factory, mqguard_mosquitto_server: Any, address: str) -> None:
     consumer = mqtt(max_property_bytes=32, max_user_properties=4)
     inbox = Inbox()
     consumer.subscribe(address, inbox)
 
     raw = paho.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
-    raw.connect("127.0.0.1", mosquitto_server.port("mqtt"))
+    raw.connect("127.0.0.1", mqguard_mosquitto_server.port("mqtt"))
     raw.loop_start()
     try:
         props = Properties(PacketTypes.PUBLISH)

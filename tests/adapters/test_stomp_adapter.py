@@ -59,17 +59,17 @@ def _factory(url: str) -> Iterator[Factory]:
 @pytest.fixture
 def stomp(broker: str, request: pytest.FixtureRequest) -> Iterator[Factory]:
     """Adapters on the parametrised broker, closed after the test."""
-    yield from _factory(request.getfixturevalue(f"{broker}_server").urls["stomp"])
+    yield from _factory(request.getfixturevalue(f"mqguard_{broker}_server").urls["stomp"])
 
 
 @pytest.fixture
-def rabbit(rabbitmq_server: Any) -> Iterator[Factory]:
-    yield from _factory(rabbitmq_server.urls["stomp"])
+def rabbit(mqguard_rabbitmq_server: Any) -> Iterator[Factory]:
+    yield from _factory(mqguard_rabbitmq_server.urls["stomp"])
 
 
 @pytest.fixture
-def amq(activemq_server: Any) -> Iterator[Factory]:
-    yield from _factory(activemq_server.urls["stomp"])
+def amq(mqguard_activemq_server: Any) -> Iterator[Factory]:
+    yield from _factory(mqguard_activemq_server.urls["stomp"])
 
 
 def _guarded(address: str, body: bytes = b"payload", **fields: Any) -> Message:
@@ -98,25 +98,26 @@ def test_detects_broker_and_capabilities(stomp: Factory, broker: str) -> None:
 
 # -- round trips ----------------------------------------------------------------------------------
 
-def test_round_trip_preserves_headers_and_binary_body(stomp: Factory, unique_name: str) -> None:
+def test_round_trip_preserves_headers_and_binary_body(stomp: Factory,
+                                                      mqguard_unique_name: str) -> None:
     adapter = stomp()
     inbox = Inbox()
-    sub_id = adapter.subscribe(unique_name, inbox)
-    sent = _guarded(unique_name, BINARY_BODY, headers=dict(TRICKY_HEADERS),
+    sub_id = adapter.subscribe(mqguard_unique_name, inbox)
+    sent = _guarded(mqguard_unique_name, BINARY_BODY, headers=dict(TRICKY_HEADERS),
                     duplicate_id="dup-1", producer_id="producer-a", sequence=7,
                     expiration=now_ms() + 60_000)
     adapter.send(sent)
 
     (delivery,) = inbox.wait_for(1)
     got = delivery.message
-    assert got.address == unique_name  # the subscriber's address, not "/queue/..."
+    assert got.address == mqguard_unique_name  # the subscriber's address, not "/queue/..."
     assert got.body == BINARY_BODY
     assert got.headers == TRICKY_HEADERS  # broker/protocol headers are not app headers
     assert (got.message_id, got.duplicate_id, got.producer_id, got.sequence, got.expiration) == (
         sent.message_id, "dup-1", "producer-a", 7, sent.expiration)
     assert delivery.subscription_id == sub_id
     assert delivery.ack_token == delivery.raw_headers["ack"]
-    assert delivery.raw_headers["destination"] == f"/queue/{unique_name}"
+    assert delivery.raw_headers["destination"] == f"/queue/{mqguard_unique_name}"
     assert delivery.raw_headers["persistent"] == "true"  # sent persistent by default
     assert delivery.redelivered is False
     adapter.ack(delivery)
@@ -126,26 +127,27 @@ def test_round_trip_preserves_headers_and_binary_body(stomp: Factory, unique_nam
     # Acked for real: a fresh consumer gets nothing.
     adapter.close()
     again = Inbox()
-    stomp().subscribe(unique_name, again)
+    stomp().subscribe(mqguard_unique_name, again)
     assert again.quiet(0.5) == []
 
 
-def test_send_many_pipelines_and_all_arrive(stomp: Factory, unique_name: str) -> None:
+def test_send_many_pipelines_and_all_arrive(stomp: Factory, mqguard_unique_name: str) -> None:
     adapter = stomp()
     count = 300
-    adapter.send_many(_guarded(unique_name, str(i).encode(), sequence=i) for i in range(count))
+    adapter.send_many(_guarded(mqguard_unique_name, str(i).encode(),
+                               sequence=i) for i in range(count))
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox, SubscribeOptions(ack="auto", prefetch=1000))
+    adapter.subscribe(mqguard_unique_name, inbox, SubscribeOptions(ack="auto", prefetch=1000))
     deliveries = inbox.wait_for(count)
     assert [d.message.sequence for d in deliveries] == list(range(count))
     assert all(d.ack_token is None for d in deliveries)  # ack:auto, nothing to ack
 
 
 def test_send_many_nowait_writes_parts_and_confirms_them_later(
-        stomp: Factory, unique_name: str) -> None:
+        stomp: Factory, mqguard_unique_name: str) -> None:
     # The guard writes a batch in parts and waits for all receipts at the end.
     adapter = stomp()
-    pending = [adapter.send_many_nowait(_guarded(unique_name, str(i).encode(), sequence=i)
+    pending = [adapter.send_many_nowait(_guarded(mqguard_unique_name, str(i).encode(), sequence=i)
                                         for i in range(start, start + 50))
                for start in range(0, 150, 50)]
     for part in pending:
@@ -153,52 +155,53 @@ def test_send_many_nowait_writes_parts_and_confirms_them_later(
     with adapter._lock:
         assert adapter._pending == {}  # every receipt arrived and was resolved
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox, SubscribeOptions(ack="auto", prefetch=1000))
+    adapter.subscribe(mqguard_unique_name, inbox, SubscribeOptions(ack="auto", prefetch=1000))
     assert [d.message.sequence for d in inbox.wait_for(150)] == list(range(150))
 
 
-def test_send_many_nowait_refuses_on_a_closed_adapter(stomp: Factory, unique_name: str) -> None:
+def test_send_many_nowait_refuses_on_a_closed_adapter(stomp: Factory,
+                                                      mqguard_unique_name: str) -> None:
     adapter = stomp(reconnect_attempts=0)
     adapter.close()
     with pytest.raises(AdapterError, match="cannot send"):
-        adapter.send_many_nowait([_guarded(unique_name, b"x")])
+        adapter.send_many_nowait([_guarded(mqguard_unique_name, b"x")])
 
 
 def test_an_ack_after_unsubscribe_fails_locally_and_keeps_the_connection(
-        stomp: Factory, unique_name: str) -> None:
+        stomp: Factory, mqguard_unique_name: str) -> None:
     # A handler still running when its consumer closes: the late ACK must not reach the
     # broker after the UNSUBSCRIBE (RabbitMQ: ERROR "Subscription not found", connection
     # closed). It fails here, and the message is redelivered.
     adapter = stomp()
-    adapter.send(_guarded(unique_name, b"late"))
+    adapter.send(_guarded(mqguard_unique_name, b"late"))
     inbox = Inbox()
-    sub = adapter.subscribe(unique_name, inbox)
+    sub = adapter.subscribe(mqguard_unique_name, inbox)
     (delivery,) = inbox.wait_for(1)
     adapter.unsubscribe(sub)
     with pytest.raises(AdapterError, match="subscription was closed"):
         adapter.ack(delivery)
-    adapter.send(_guarded(unique_name, b"after"))  # same session: nothing was closed
+    adapter.send(_guarded(mqguard_unique_name, b"after"))  # same session: nothing was closed
     assert adapter.sessions == 1
     adapter.close()
     again = Inbox()
-    stomp().subscribe(unique_name, again)
+    stomp().subscribe(mqguard_unique_name, again)
     assert sorted(d.message.body for d in again.wait_for(2)) == [b"after", b"late"]
 
 
 def test_message_id_is_stable_across_a_redelivery(
-        stomp: Factory, broker: str, unique_name: str) -> None:
+        stomp: Factory, broker: str, mqguard_unique_name: str) -> None:
     producer = stomp()
-    sent = _guarded(unique_name, b"once")
+    sent = _guarded(mqguard_unique_name, b"once")
     producer.send(sent)
 
     first_consumer = stomp()
     first = Inbox()
-    first_consumer.subscribe(unique_name, first)
+    first_consumer.subscribe(mqguard_unique_name, first)
     (d1,) = first.wait_for(1)
     first_consumer.close()  # without ack: the broker redelivers to the next consumer
 
     second = Inbox()
-    stomp().subscribe(unique_name, second)
+    stomp().subscribe(mqguard_unique_name, second)
     (d2,) = second.wait_for(1)
     assert d2.redelivered is True
     assert d1.message.message_id == d2.message.message_id == sent.message_id
@@ -213,89 +216,91 @@ def test_message_id_is_stable_across_a_redelivery(
 # -- transactions ---------------------------------------------------------------------------------
 
 def test_transaction_commit_delivers_and_abort_delivers_nothing(
-        stomp: Factory, unique_name: str) -> None:
+        stomp: Factory, mqguard_unique_name: str) -> None:
     adapter = stomp()
     committed = adapter.begin()
-    adapter.send(_guarded(unique_name, b"c1"), transaction=committed)
-    adapter.send_many([_guarded(unique_name, b"c2")], transaction=committed)
+    adapter.send(_guarded(mqguard_unique_name, b"c1"), transaction=committed)
+    adapter.send_many([_guarded(mqguard_unique_name, b"c2")], transaction=committed)
     adapter.commit(committed)
 
     aborted = adapter.begin()
-    adapter.send(_guarded(unique_name, b"a1"), transaction=aborted)
+    adapter.send(_guarded(mqguard_unique_name, b"a1"), transaction=aborted)
     adapter.abort(aborted)
 
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox)
+    adapter.subscribe(mqguard_unique_name, inbox)
     assert [d.message.body for d in inbox.wait_for(2)] == [b"c1", b"c2"]
     assert [d.message.body for d in inbox.quiet(0.5)] == [b"c1", b"c2"]
     with pytest.raises(AdapterError, match="no open transaction"):
-        adapter.send(_guarded(unique_name), transaction=committed)
+        adapter.send(_guarded(mqguard_unique_name), transaction=committed)
 
 
 @pytest.mark.rabbitmq
 def test_rabbitmq_failed_send_inside_transaction_rolls_it_back(
-        rabbit: Factory, unique_name: str) -> None:
+        rabbit: Factory, mqguard_unique_name: str) -> None:
     # RabbitMQ reports the bad SEND at once (no receipt-id) and would commit the rest: the
     # adapter's barrier catches the ERROR before COMMIT and aborts instead.
     adapter = rabbit()
     tx = adapter.begin()
-    adapter.send(_guarded(unique_name, b"good"), transaction=tx)
+    adapter.send(_guarded(mqguard_unique_name, b"good"), transaction=tx)
     adapter.send(_guarded("/bogus/destination", b"bad"), transaction=tx)
     with pytest.raises(TransactionRolledBack, match="Unknown destination"):
         adapter.commit(tx)
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox)
+    adapter.subscribe(mqguard_unique_name, inbox)
     assert inbox.quiet(0.5) == []
 
 
 # -- errors ---------------------------------------------------------------------------------------
 
 @pytest.mark.rabbitmq
-def test_rabbitmq_error_frame_surfaces_as_adapter_error(rabbit: Factory, unique_name: str) -> None:
+def test_rabbitmq_error_frame_surfaces_as_adapter_error(rabbit: Factory,
+                                                        mqguard_unique_name: str) -> None:
     adapter = rabbit()
     with pytest.raises(AdapterError, match="Unknown destination") as info:
         adapter.send(_guarded("/bogus/destination"))
     assert "is not a valid destination" in str(info.value)  # the ERROR body is in the message
-    adapter.send(_guarded(unique_name))  # the connection survived this kind of ERROR
+    adapter.send(_guarded(mqguard_unique_name))  # the connection survived this kind of ERROR
     with pytest.raises(AdapterError, match="does not support message selectors"):
-        adapter.subscribe(unique_name, Inbox(), SubscribeOptions(selector="a = 1"))
+        adapter.subscribe(mqguard_unique_name, Inbox(), SubscribeOptions(selector="a = 1"))
     with pytest.raises(AdapterError, match="does not support browsing"):
-        adapter.subscribe(unique_name, Inbox(), SubscribeOptions(browse=True))
+        adapter.subscribe(mqguard_unique_name, Inbox(), SubscribeOptions(browse=True))
 
 
 @pytest.mark.activemq
-def test_activemq_error_frame_surfaces_as_adapter_error(amq: Factory, unique_name: str) -> None:
+def test_activemq_error_frame_surfaces_as_adapter_error(amq: Factory,
+                                                        mqguard_unique_name: str) -> None:
     adapter = amq()
     with pytest.raises(AdapterError, match="InvalidSelectorException"):
-        adapter.subscribe(unique_name, Inbox(), SubscribeOptions(selector="a = = ="))
-    adapter.send(_guarded(unique_name))
+        adapter.subscribe(mqguard_unique_name, Inbox(), SubscribeOptions(selector="a = = ="))
+    adapter.send(_guarded(mqguard_unique_name))
 
 
 def test_reserved_and_invalid_headers_are_refused_before_sending(
-        stomp: Factory, unique_name: str) -> None:
+        stomp: Factory, mqguard_unique_name: str) -> None:
     adapter = stomp()
     for headers in ({"message-id": "x"}, {"receipt": "r"}, {"bad:name": "v"}, {"": "v"}):
         with pytest.raises(AdapterError):
-            adapter.send(Message(unique_name, b"x", headers=headers))
-    adapter.send(Message(unique_name, b"x"))  # still connected and fine
+            adapter.send(Message(mqguard_unique_name, b"x", headers=headers))
+    adapter.send(Message(mqguard_unique_name, b"x"))  # still connected and fine
 
 
 def test_connection_loss_fails_the_send_then_reconnects_and_resubscribes(
-        stomp: Factory, broker: str, unique_name: str) -> None:
+        stomp: Factory, broker: str, mqguard_unique_name: str) -> None:
     adapter = stomp(reconnect_delay=0.05)
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox)
+    adapter.subscribe(mqguard_unique_name, inbox)
     # Frames that make each broker drop the connection: ActiveMQ closes it on a SEND to an
     # empty queue name, RabbitMQ on a negative per-message TTL (a channel error).
     killer = (Message("/queue/", b"x") if broker == "activemq"
-              else Message(unique_name, b"x", headers={"expiration": "-5"}))
+              else Message(mqguard_unique_name, b"x", headers={"expiration": "-5"}))
     with pytest.raises(AdapterError):
         adapter.send(killer)
     deadline = time.monotonic() + 10
     while adapter.sessions < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert adapter.sessions == 2 and adapter.connected
-    adapter.send(_guarded(unique_name, b"after"))
+    adapter.send(_guarded(mqguard_unique_name, b"after"))
     assert [d.message.body for d in inbox.wait_for(1)] == [b"after"]
 
 
@@ -315,9 +320,9 @@ def test_closed_and_unreachable_adapters_raise_without_leaking_credentials(
 
 @pytest.mark.rabbitmq
 def test_bad_login_is_refused_without_leaking_the_passcode(
-        rabbitmq_server: Any, caplog: pytest.LogCaptureFixture) -> None:
+        mqguard_rabbitmq_server: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)  # stomp.py logs the CONNECT frame at DEBUG
-    url = rabbitmq_server.urls["stomp"].replace("stomp://", "stomp://guest:wr0ng-pa55@")
+    url = mqguard_rabbitmq_server.urls["stomp"].replace("stomp://", "stomp://guest:wr0ng-pa55@")
     adapter = StompAdapter(url, connect_timeout=5.0)
     with pytest.raises(AdapterError, match="refused the connection") as info:
         adapter.connect()
@@ -328,7 +333,7 @@ def test_bad_login_is_refused_without_leaking_the_passcode(
 
 
 def test_callback_exception_does_not_kill_the_receiver(
-        stomp: Factory, unique_name: str, caplog: pytest.LogCaptureFixture) -> None:
+        stomp: Factory, mqguard_unique_name: str, caplog: pytest.LogCaptureFixture) -> None:
     adapter = stomp()
     inbox = Inbox()
 
@@ -338,8 +343,8 @@ def test_callback_exception_does_not_kill_the_receiver(
             raise RuntimeError("boom")
         adapter.ack(delivery)
 
-    adapter.subscribe(unique_name, explode_once, SubscribeOptions(ack="client-individual"))
-    adapter.send_many([_guarded(unique_name, b"1"), _guarded(unique_name, b"2")])
+    adapter.subscribe(mqguard_unique_name, explode_once, SubscribeOptions(ack="client-individual"))
+    adapter.send_many([_guarded(mqguard_unique_name, b"1"), _guarded(mqguard_unique_name, b"2")])
     assert [d.message.body for d in inbox.wait_for(2)] == [b"1", b"2"]
     assert "boom" in caplog.text
     assert adapter.connected
@@ -347,7 +352,8 @@ def test_callback_exception_does_not_kill_the_receiver(
 
 # -- threads: callbacks inline on the receiver thread, blocking work through defer() --------------
 
-def test_callbacks_run_inline_on_the_delivery_thread(stomp: Factory, unique_name: str) -> None:
+def test_callbacks_run_inline_on_the_delivery_thread(stomp: Factory,
+                                                     mqguard_unique_name: str) -> None:
     adapter = stomp()
     inbox = Inbox()
     seen: list[tuple[bool, str]] = []
@@ -358,8 +364,8 @@ def test_callbacks_run_inline_on_the_delivery_thread(stomp: Factory, unique_name
         inbox(delivery)
 
     assert adapter.on_delivery_thread() is False
-    adapter.subscribe(unique_name, callback)
-    adapter.send_many([_guarded(unique_name, str(i).encode()) for i in range(5)])
+    adapter.subscribe(mqguard_unique_name, callback)
+    adapter.send_many([_guarded(mqguard_unique_name, str(i).encode()) for i in range(5)])
     assert [d.message.body for d in inbox.wait_for(5)] == [b"0", b"1", b"2", b"3", b"4"]
     assert all(inline for inline, _ in seen)
     names = {name for _, name in seen}
@@ -370,41 +376,42 @@ def test_callbacks_run_inline_on_the_delivery_thread(stomp: Factory, unique_name
 
     adapter.close()  # the inline acks went through: a fresh consumer gets nothing
     again = Inbox()
-    stomp().subscribe(unique_name, again)
+    stomp().subscribe(mqguard_unique_name, again)
     assert again.quiet(0.5) == []
 
 
 def test_blocking_calls_in_a_callback_raise_at_once_and_defer_can_send(
-        stomp: Factory, unique_name: str) -> None:
+        stomp: Factory, mqguard_unique_name: str) -> None:
     # Only the receiver thread reads RECEIPTs: a callback waiting for one would deadlock, so
     # the adapter refuses at once; the guard moves messages (send a copy, ack the original)
     # through defer(), whose jobs run on the dispatcher thread and may wait.
     adapter = stomp(receipt_timeout=3.0)
-    dla = f"{unique_name}-dla"
+    dla = f"{mqguard_unique_name}-dla"
     moved = Inbox()
     adapter.subscribe(dla, moved)
     calls: dict[str, Callable[[], object]] = {
         "send": lambda: adapter.send(_guarded(dla, b"direct")),
         "send_many": lambda: adapter.send_many([_guarded(dla, b"direct")]),
         "send_many_nowait": lambda: adapter.send_many_nowait([_guarded(dla, b"direct")]),
-        "subscribe": lambda: adapter.subscribe(f"{unique_name}-other", Inbox()),
+        "subscribe": lambda: adapter.subscribe(f"{mqguard_unique_name}-other", Inbox()),
         "begin": adapter.begin,
         "commit": lambda: adapter.commit("tx-unknown"),
         "abort": lambda: adapter.abort("tx-unknown"),
     }
 
     contract = DeferContract(adapter, calls, lambda body: _guarded(dla, body))
-    adapter.subscribe(unique_name, contract)
-    stomp().send_many([_guarded(unique_name, b"m1"), _guarded(unique_name, b"m2")])
+    adapter.subscribe(mqguard_unique_name, contract)
+    stomp().send_many([_guarded(mqguard_unique_name, b"m1"), _guarded(mqguard_unique_name, b"m2")])
     contract.check(moved, [b"m1", b"m2"])
 
     adapter.close()  # the deferred acks went through: a fresh consumer gets nothing
     again = Inbox()
-    stomp().subscribe(unique_name, again)
+    stomp().subscribe(mqguard_unique_name, again)
     assert again.quiet(0.5) == []
 
 
-def test_unsubscribe_and_close_in_a_callback_do_not_wait(stomp: Factory, unique_name: str) -> None:
+def test_unsubscribe_and_close_in_a_callback_do_not_wait(stomp: Factory,
+                                                         mqguard_unique_name: str) -> None:
     adapter = stomp(receipt_timeout=5.0)
     inbox = Inbox()
     timings: dict[str, float] = {}
@@ -419,8 +426,9 @@ def test_unsubscribe_and_close_in_a_callback_do_not_wait(stomp: Factory, unique_
         timings["close"] = time.monotonic() - started
         inbox(delivery)
 
-    sub_id = adapter.subscribe(unique_name, callback)
-    stomp().send_many([_guarded(unique_name, b"first"), _guarded(unique_name, b"second")])
+    sub_id = adapter.subscribe(mqguard_unique_name, callback)
+    stomp().send_many([_guarded(mqguard_unique_name, b"first"), _guarded(mqguard_unique_name,
+                                                                         b"second")])
     assert [d.message.body for d in inbox.wait_for(1)] == [b"first"]
     assert [d.message.body for d in inbox.quiet(0.3)] == [b"first"]
     assert timings["unsubscribe"] < 1.0 and timings["close"] < 1.0, timings
@@ -430,25 +438,26 @@ def test_unsubscribe_and_close_in_a_callback_do_not_wait(stomp: Factory, unique_
 
     # "first" was acked before the UNSUBSCRIBE; "second" goes back to the queue.
     again = Inbox()
-    stomp().subscribe(unique_name, again)
+    stomp().subscribe(mqguard_unique_name, again)
     assert [d.message.body for d in again.wait_for(1)] == [b"second"]
     assert len(again.quiet(0.3)) == 1
 
 
-def test_dispatch_thread_option_lets_callbacks_send(stomp: Factory, unique_name: str) -> None:
+def test_dispatch_thread_option_lets_callbacks_send(stomp: Factory,
+                                                    mqguard_unique_name: str) -> None:
     # The old behaviour, kept as an option: callbacks on the dispatcher thread may wait.
     adapter = stomp(receipt_timeout=3.0, dispatch_thread=True)
     moved = Inbox()
-    adapter.subscribe(f"{unique_name}-dla", moved)
+    adapter.subscribe(f"{mqguard_unique_name}-dla", moved)
     inline: list[bool] = []
 
     def move(delivery: Any) -> None:
         inline.append(adapter.on_delivery_thread())
-        adapter.send(_guarded(f"{unique_name}-dla", delivery.message.body))
+        adapter.send(_guarded(f"{mqguard_unique_name}-dla", delivery.message.body))
         adapter.ack(delivery)
 
-    adapter.subscribe(unique_name, move)
-    adapter.send_many([_guarded(unique_name, b"m1"), _guarded(unique_name, b"m2")])
+    adapter.subscribe(mqguard_unique_name, move)
+    adapter.send_many([_guarded(mqguard_unique_name, b"m1"), _guarded(mqguard_unique_name, b"m2")])
     assert [d.message.body for d in moved.wait_for(2)] == [b"m1", b"m2"]
     assert inline == [False, False]
 
@@ -457,12 +466,12 @@ def test_dispatch_thread_option_lets_callbacks_send(stomp: Factory, unique_name:
 
 @pytest.mark.rabbitmq
 def test_rabbitmq_nack_requeues_and_quorum_queue_counts_deliveries(
-        rabbit: Factory, unique_name: str) -> None:
+        rabbit: Factory, mqguard_unique_name: str) -> None:
     adapter = rabbit()
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox,
+    adapter.subscribe(mqguard_unique_name, inbox,
                       SubscribeOptions(headers={"x-queue-type": "quorum"}))
-    sent = _guarded(unique_name, b"again")
+    sent = _guarded(mqguard_unique_name, b"again")
     adapter.send(sent)
 
     d1 = inbox.wait_for(1)[0]
@@ -479,11 +488,11 @@ def test_rabbitmq_nack_requeues_and_quorum_queue_counts_deliveries(
 
 
 @pytest.mark.activemq
-def test_activemq_nack_is_a_poison_ack_to_the_dlq(amq: Factory, unique_name: str) -> None:
+def test_activemq_nack_is_a_poison_ack_to_the_dlq(amq: Factory, mqguard_unique_name: str) -> None:
     adapter = amq()
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox)
-    sent = _guarded(unique_name, b"poison", headers={"trace": unique_name})
+    adapter.subscribe(mqguard_unique_name, inbox)
+    sent = _guarded(mqguard_unique_name, b"poison", headers={"trace": mqguard_unique_name})
     adapter.send(sent)
     adapter.nack(inbox.wait_for(1)[0], requeue=True)  # requeue is not honoured by ActiveMQ 5
     assert len(inbox.quiet(0.5)) == 1
@@ -491,24 +500,25 @@ def test_activemq_nack_is_a_poison_ack_to_the_dlq(amq: Factory, unique_name: str
     dlq = Inbox()
     # JMS selectors cannot name "mqguard-id" (not an identifier), hence the trace header.
     adapter.subscribe("ActiveMQ.DLQ", dlq,
-                      SubscribeOptions(ack="auto", selector=f"trace = '{unique_name}'"))
+                      SubscribeOptions(ack="auto", selector=f"trace = '{mqguard_unique_name}'"))
     (dead,) = dlq.wait_for(1)
     assert dead.message.message_id == sent.message_id
 
 
 # -- expiry, selectors, browsing ------------------------------------------------------------------
 
-def test_expiration_maps_to_the_native_ttl(stomp: Factory, broker: str, unique_name: str) -> None:
+def test_expiration_maps_to_the_native_ttl(stomp: Factory, broker: str,
+                                           mqguard_unique_name: str) -> None:
     """RabbitMQ: native ``expiration``. ActiveMQ: native ``expires`` only with
     ``native_expiry=True`` (otherwise the guard and its reaper expire, see below)."""
     adapter = stomp(native_expiry=True) if broker == "activemq" else stomp()
-    adapter.send(_guarded(unique_name, b"expired", expiration=now_ms() - 1000))
-    live = _guarded(unique_name, b"live", expiration=now_ms() + 60_000)
+    adapter.send(_guarded(mqguard_unique_name, b"expired", expiration=now_ms() - 1000))
+    live = _guarded(mqguard_unique_name, b"live", expiration=now_ms() + 60_000)
     adapter.send(live)
     time.sleep(0.1)  # RabbitMQ's 1 ms TTL has run out before anyone subscribes
 
     inbox = Inbox()
-    adapter.subscribe(unique_name, inbox)
+    adapter.subscribe(mqguard_unique_name, inbox)
     assert [d.message.body for d in inbox.wait_for(1)] == [b"live"]
     assert [d.message.body for d in inbox.quiet(0.5)] == [b"live"]  # the broker dropped it
     raw = inbox.deliveries[0].raw_headers
@@ -521,16 +531,16 @@ def test_expiration_maps_to_the_native_ttl(stomp: Factory, broker: str, unique_n
 
 @pytest.mark.activemq
 def test_activemq_expiry_is_left_to_the_guard_with_a_selectable_header(
-        amq: Factory, unique_name: str) -> None:
+        amq: Factory, mqguard_unique_name: str) -> None:
     adapter = amq()
-    stale = _guarded(unique_name, b"expired", expiration=now_ms() - 1000)
-    fresh = _guarded(unique_name, b"fresh", expiration=now_ms() + 60_000)
-    adapter.send_many([stale, fresh, _guarded(unique_name, b"never")])
+    stale = _guarded(mqguard_unique_name, b"expired", expiration=now_ms() - 1000)
+    fresh = _guarded(mqguard_unique_name, b"fresh", expiration=now_ms() + 60_000)
+    adapter.send_many([stale, fresh, _guarded(mqguard_unique_name, b"never")])
     expired = Inbox()
     # What the reaper does: select only what has expired; everything else stays put.
     # ActiveMQ converts the string property to the literal's type: compare with a long only
     # ("MQGUARD_EXPIRES > 0" converts to int and never matches a 13-digit value).
-    adapter.subscribe(unique_name, expired,
+    adapter.subscribe(mqguard_unique_name, expired,
                       SubscribeOptions(selector=f"MQGUARD_EXPIRES <= {now_ms()}"))
     (got,) = expired.wait_for(1)
     assert got.message.body == b"expired" and got.message.expiration == stale.expiration
@@ -538,23 +548,23 @@ def test_activemq_expiry_is_left_to_the_guard_with_a_selectable_header(
     assert len(expired.quiet(0.3)) == 1
     adapter.ack(got)
     rest = Inbox()
-    adapter.subscribe(unique_name, rest)
+    adapter.subscribe(mqguard_unique_name, rest)
     assert [d.message.body for d in rest.wait_for(2)] == [b"fresh", b"never"]
 
 
 @pytest.mark.activemq
-def test_activemq_selector_and_browse(amq: Factory, unique_name: str) -> None:
+def test_activemq_selector_and_browse(amq: Factory, mqguard_unique_name: str) -> None:
     adapter = amq()
-    adapter.send_many([_guarded(unique_name, b"red", headers={"colour": "red"}),
-                       _guarded(unique_name, b"blue", headers={"colour": "blue"})])
+    adapter.send_many([_guarded(mqguard_unique_name, b"red", headers={"colour": "red"}),
+                       _guarded(mqguard_unique_name, b"blue", headers={"colour": "blue"})])
 
     browser = Inbox()
-    browse_id = adapter.subscribe(unique_name, browser, SubscribeOptions(browse=True))
+    browse_id = adapter.subscribe(mqguard_unique_name, browser, SubscribeOptions(browse=True))
     assert adapter.wait_browse_end(browse_id, 5.0)
     assert sorted(d.message.body for d in browser.deliveries) == [b"blue", b"red"]
     adapter.unsubscribe(browse_id)
 
     reds = Inbox()
-    adapter.subscribe(unique_name, reds, SubscribeOptions(selector="colour = 'red'"))
+    adapter.subscribe(mqguard_unique_name, reds, SubscribeOptions(selector="colour = 'red'"))
     assert [d.message.body for d in reds.wait_for(1)] == [b"red"]  # browsing consumed nothing
     assert len(reds.quiet(0.3)) == 1

@@ -191,15 +191,15 @@ def _vanish(sock: socket.socket) -> None:
 
 
 @pytest.mark.mosquitto
-def test_real_mosquitto_log_orderly_and_lost_connections(mosquitto_server: Any,
-                                                         unique_name: str) -> None:
-    port = int(mosquitto_server.urls["mqtt"].rsplit(":", 1)[1])
-    orderly, lost = f"{unique_name}-orderly"[-60:], f"{unique_name}-lost"[-60:]
+def test_real_mosquitto_log_orderly_and_lost_connections(mqguard_mosquitto_server: Any,
+                                                         mqguard_unique_name: str) -> None:
+    port = int(mqguard_mosquitto_server.urls["mqtt"].rsplit(":", 1)[1])
+    orderly, lost = f"{mqguard_unique_name}-orderly"[-60:], f"{mqguard_unique_name}-lost"[-60:]
     sock = _mqtt_connect(port, orderly)
     sock.sendall(b"\xe0\x00")  # DISCONNECT
     sock.close()
     _vanish(_mqtt_connect(port, lost))
-    log = Path(mosquitto_server.log_path)
+    log = Path(mqguard_mosquitto_server.log_path)
 
     def ended() -> list[tuple[Any, ...]]:
         rows, _ = records(log, "mosquitto")
@@ -212,9 +212,9 @@ def test_real_mosquitto_log_orderly_and_lost_connections(mosquitto_server: Any,
 
 
 @pytest.mark.rabbitmq
-def test_real_rabbitmq_log_stomp_and_mqtt_connections(rabbitmq_server: Any) -> None:
-    stomp_port = int(rabbitmq_server.urls["stomp"].rsplit(":", 1)[1])
-    mqtt_port = int(rabbitmq_server.urls["mqtt"].rsplit(":", 1)[1])
+def test_real_rabbitmq_log_stomp_and_mqtt_connections(mqguard_rabbitmq_server: Any) -> None:
+    stomp_port = int(mqguard_rabbitmq_server.urls["stomp"].rsplit(":", 1)[1])
+    mqtt_port = int(mqguard_rabbitmq_server.urls["mqtt"].rsplit(":", 1)[1])
     sock = socket.create_connection(("127.0.0.1", stomp_port), timeout=5)
     sock.sendall(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00")
     assert sock.recv(9) == b"CONNECTED"
@@ -223,7 +223,7 @@ def test_real_rabbitmq_log_stomp_and_mqtt_connections(rabbitmq_server: Any) -> N
     sock = _mqtt_connect(mqtt_port, "audit-log-test")
     mqtt_local = f"127.0.0.1:{sock.getsockname()[1]} -> "
     _vanish(sock)
-    log = Path(rabbitmq_server.log_path)
+    log = Path(mqguard_rabbitmq_server.log_path)
 
     def ends() -> dict[str, str]:
         rows, _ = records(log, "rabbitmq")

@@ -33,19 +33,19 @@ TOTAL = 40
 
 
 def test_sigkill_redeliveries_are_explained_by_the_mosquitto_log(
-        spark: Any, mosquitto_server: Any, redis_url: str, tmp_path: Path,
-        unique_name: str) -> None:
-    url = mosquitto_server.urls["mqtt"]
+        spark: Any, mqguard_mosquitto_server: Any, mqguard_redis_url: str, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    url = mqguard_mosquitto_server.urls["mqtt"]
     events = tmp_path / "events"
     log_path = tmp_path / "handled.log"
     context = multiprocessing.get_context("spawn")
-    client_id = f"audit-{unique_name[-10:]}"
-    settings = crash_config(unique_name, redis_url, events, "producer")
+    client_id = f"audit-{mqguard_unique_name[-10:]}"
+    settings = crash_config(mqguard_unique_name, mqguard_redis_url, events, "producer")
 
     def start(node: str) -> Any:
-        config = crash_config(unique_name, redis_url, events, node)
+        config = crash_config(mqguard_unique_name, mqguard_redis_url, events, node)
         process = context.Process(target=consume_until_killed, daemon=True,
-                                  args=(url, unique_name, config, str(log_path), client_id))
+                                  args=(url, mqguard_unique_name, config, str(log_path), client_id))
         process.start()
         return process
 
@@ -53,13 +53,13 @@ def test_sigkill_redeliveries_are_explained_by_the_mosquitto_log(
         f"ok-{i}" for i in range(TOTAL // 2, TOTAL)]
     dead: list[Message] = []
     with Guard(parse_config(settings)) as guard, \
-            GuardedConsumer(open_adapter(url), f"{unique_name}.DLA", dead.append, guard):
+            GuardedConsumer(open_adapter(url), f"{mqguard_unique_name}.DLA", dead.append, guard):
         first = start("crash-1")
         try:
             wait_for(lambda: "ready" in handled(log_path), 30, "the first consumer")
             with GuardedProducer(open_adapter(url), guard) as producer:
                 for body in bodies:
-                    producer.send(unique_name, body.encode(), duplicate_id=body)
+                    producer.send(mqguard_unique_name, body.encode(), duplicate_id=body)
             wait_for(lambda: HANG in handled(log_path), 30, "the handler to hang")
             time.sleep(0.5)  # its delivered event is written (flush-interval-ms 20)
         finally:
@@ -77,8 +77,8 @@ def test_sigkill_redeliveries_are_explained_by_the_mosquitto_log(
     result = run_audit(spark, AuditOptions(
         [str(events)], out=str(tmp_path / "out"), config=parse_config(settings),
         watermark=now_ms(),
-        cross=CrossInputs(redis_url=redis_url,
-                          broker_logs=(str(mosquitto_server.log_path),))))
+        cross=CrossInputs(redis_url=mqguard_redis_url,
+                          broker_logs=(str(mqguard_mosquitto_server.log_path),))))
     summary = result.summary
     mine = {c.name for c in (*STATE_CLASSES, *BROKER_CLASSES) if c.anomaly}
     found = {name: entry["by_address"] for name, entry in summary["classes"].items()

@@ -27,17 +27,17 @@ def test_the_brokers_tested_are_those_the_demo_offers() -> None:
 @pytest.mark.parametrize("broker", [pytest.param(b, marks=getattr(pytest.mark, b))
                                     for b in BROKERS])
 def test_demo_meets_every_planned_fate_and_audits_clean(
-        broker: str, spark: Any, redis_server: Any, tmp_path: Path,
+        broker: str, spark: Any, mqguard_redis_server: Any, tmp_path: Path,
         request: pytest.FixtureRequest) -> None:
     # ActiveMQ: the shared test broker, given with --url. RabbitMQ: as a new user runs it,
     # without --url, so the demo starts its own broker and sets the expiry policy that
     # RabbitMQ needs (a --url broker is told how to set it: see the next test).
-    url = (["--url", request.getfixturevalue("activemq_server").urls["stomp"]]
+    url = (["--url", request.getfixturevalue("mqguard_activemq_server").urls["stomp"]]
            if broker == "activemq" else [])
     out = tmp_path / "demo"
     result = CliRunner().invoke(main, [
         "demo", "--broker", broker, *url,
-        "--redis", redis_server.urls["redis"], "-n", "60", "--out", str(out),
+        "--redis", mqguard_redis_server.urls["redis"], "-n", "60", "--out", str(out),
         "--timeout", "120"])
     assert result.exit_code == 0, (result.output, _log_tail(out))
     assert "every message met its planned fate" in result.output
@@ -64,21 +64,21 @@ def test_demo_meets_every_planned_fate_and_audits_clean(
 
 @pytest.mark.rabbitmq
 def test_demo_on_a_given_rabbitmq_names_the_policy_it_needs(
-        rabbitmq_server: Any, redis_server: Any, tmp_path: Path) -> None:
+        mqguard_rabbitmq_server: Any, mqguard_redis_server: Any, tmp_path: Path) -> None:
     """With --url the demo cannot set the expiry policy: it says which one, and with it set
     (as the note says), the run meets every fate."""
     from mqguard.cli.demo import RABBITMQ_POLICY
     from mqguard.servers.rabbitmq import rabbitmqctl
 
     out = tmp_path / "demo"
-    rabbitmqctl(rabbitmq_server, "set_policy", "--apply-to", "queues", *RABBITMQ_POLICY)
+    rabbitmqctl(mqguard_rabbitmq_server, "set_policy", "--apply-to", "queues", *RABBITMQ_POLICY)
     try:
         result = CliRunner().invoke(main, [
-            "demo", "--broker", "rabbitmq", "--url", rabbitmq_server.urls["stomp"],
-            "--redis", redis_server.urls["redis"], "-n", "20", "--out", str(out),
+            "demo", "--broker", "rabbitmq", "--url", mqguard_rabbitmq_server.urls["stomp"],
+            "--redis", mqguard_redis_server.urls["redis"], "-n", "20", "--out", str(out),
             "--timeout", "60", "--no-audit"])  # the smallest run --help allows
     finally:
-        rabbitmqctl(rabbitmq_server, "clear_policy", RABBITMQ_POLICY[0])
+        rabbitmqctl(mqguard_rabbitmq_server, "clear_policy", RABBITMQ_POLICY[0])
     assert result.exit_code == 0, (result.output, _log_tail(out))
     text = " ".join(result.output.split())
     assert "rabbitmqctl set_policy --apply-to queues 'mqguard-demo-expiry'" in text

@@ -52,36 +52,36 @@ class Handler:
 
 
 def test_guarded_traffic_through_activemq_audits_clean(
-        spark: Any, activemq_server: Any, tmp_path: Path, unique_name: str) -> None:
-    url = activemq_server.urls["stomp"]
+        spark: Any, mqguard_activemq_server: Any, tmp_path: Path, mqguard_unique_name: str) -> None:
+    url = mqguard_activemq_server.urls["stomp"]
     events = tmp_path / "events"
-    dla = f"{unique_name}.DLA"
+    dla = f"{mqguard_unique_name}.DLA"
     config = parse_config({
         "mqguard": {"node-id": "audit-real",
                     "event-log": {"directory": str(events), "flush-interval-ms": 20}},
-        "address-settings": {unique_name: {"max-delivery-attempts": 3,
+        "address-settings": {mqguard_unique_name: {"max-delivery-attempts": 3,
                                            "dead-letter-address": dla}},
     })
     handler = Handler(expected=22)
     dead_letters: list[Message] = []
     with Guard(config) as guard:
         with GuardedConsumer(open_adapter(url), dla, dead_letters.append, guard), \
-                GuardedConsumer(open_adapter(url), unique_name, handler, guard), \
+                GuardedConsumer(open_adapter(url), mqguard_unique_name, handler, guard), \
                 GuardedProducer(open_adapter(url), guard, producer_id="audit-p") as producer:
-            sent = [producer.send(unique_name, f"m{i}", duplicate_id=f"d{i}").message
+            sent = [producer.send(mqguard_unique_name, f"m{i}", duplicate_id=f"d{i}").message
                     for i in range(20)]
-            again = [producer.send(unique_name, "again", duplicate_id=f"d{i}")
+            again = [producer.send(mqguard_unique_name, "again", duplicate_id=f"d{i}")
                      for i in range(3)]
             assert not any(result.sent for result in again)
             # The same message once more, past the guard: a duplicate at the broker.
             producer.adapter.send(sent[0])
             with producer.transaction() as tx:
-                producer.send(unique_name, "tx-1", transaction=tx)
-                producer.send(unique_name, "tx-2", transaction=tx)
+                producer.send(mqguard_unique_name, "tx-1", transaction=tx)
+                producer.send(mqguard_unique_name, "tx-2", transaction=tx)
             with pytest.raises(RuntimeError), producer.transaction() as tx:
-                producer.send(unique_name, "rolled-back", transaction=tx)
+                producer.send(mqguard_unique_name, "rolled-back", transaction=tx)
                 raise RuntimeError("abort")
-            producer.send(unique_name, "poison")
+            producer.send(mqguard_unique_name, "poison")
             assert handler.done.wait(30), f"handled {len(handler.calls)} of 22"
             deadline = time.monotonic() + 30
             while not dead_letters and time.monotonic() < deadline:
@@ -103,8 +103,8 @@ def test_guarded_traffic_through_activemq_audits_clean(
     assert found == {}, found
     assert result.exit_code == 0 and summary["ok"]
     # 23 accepted (20 + 2 in the transaction + poison), 3 rejected, 1 dead-letter copy.
-    assert summary["addresses"][unique_name]["sent"] == 23
-    assert summary["addresses"][unique_name]["with_fate"] == 23
+    assert summary["addresses"][mqguard_unique_name]["sent"] == 23
+    assert summary["addresses"][mqguard_unique_name]["with_fate"] == 23
     assert summary["addresses"][dla] == {"messages": 1, "sent": 0, "deliveries": 1,
                                          "with_fate": 1}
     assert summary["bad_lines"] == 0 and summary["events"] == sum(kinds.values())
@@ -112,35 +112,35 @@ def test_guarded_traffic_through_activemq_audits_clean(
 
 @pytest.mark.redis
 def test_guarded_traffic_with_redis_store_and_broker_log_audits_clean(
-        spark: Any, activemq_server: Any, redis_url: str, tmp_path: Path,
-        unique_name: str) -> None:
+        spark: Any, mqguard_activemq_server: Any, mqguard_redis_url: str, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
     """The same kind of traffic with the Redis store, small duplicate-ID rings (ids are
     evicted) and the broker's own log: --redis and --broker-log find nothing either."""
     from mqguard.audit.cross_checks import CrossInputs
 
-    url = activemq_server.urls["stomp"]
+    url = mqguard_activemq_server.urls["stomp"]
     events = tmp_path / "events"
-    dla = f"{unique_name}.DLA"
+    dla = f"{mqguard_unique_name}.DLA"
     config = parse_config({
-        "mqguard": {"node-id": "audit-redis", "store": redis_url,
+        "mqguard": {"node-id": "audit-redis", "store": mqguard_redis_url,
                     "event-log": {"directory": str(events), "flush-interval-ms": 20}},
-        "address-settings": {unique_name: {"max-delivery-attempts": 3, "id-cache-size": 8,
+        "address-settings": {mqguard_unique_name: {"max-delivery-attempts": 3, "id-cache-size": 8,
                                            "dead-letter-address": dla}},
     })
     handler = Handler(expected=21)
     dead_letters: list[Message] = []
     with Guard(config) as guard:
         with GuardedConsumer(open_adapter(url), dla, dead_letters.append, guard), \
-                GuardedConsumer(open_adapter(url), unique_name, handler, guard), \
+                GuardedConsumer(open_adapter(url), mqguard_unique_name, handler, guard), \
                 GuardedProducer(open_adapter(url), guard, producer_id="audit-r") as producer:
             for i in range(20):
-                producer.send(unique_name, f"m{i}", duplicate_id=f"d{i}")
+                producer.send(mqguard_unique_name, f"m{i}", duplicate_id=f"d{i}")
             # d17..d19 are among the last 8 ids: rejected. d0 was evicted: accepted again.
-            again = [producer.send(unique_name, "again", duplicate_id=f"d{i}")
+            again = [producer.send(mqguard_unique_name, "again", duplicate_id=f"d{i}")
                      for i in (17, 18, 19)]
             assert not any(result.sent for result in again)
-            assert producer.send(unique_name, "evicted", duplicate_id="d0").sent
-            producer.send(unique_name, "poison")
+            assert producer.send(mqguard_unique_name, "evicted", duplicate_id="d0").sent
+            producer.send(mqguard_unique_name, "poison")
             assert handler.done.wait(30), f"handled {len(handler.calls)} of 21"
             deadline = time.monotonic() + 30
             while not dead_letters and time.monotonic() < deadline:
@@ -153,7 +153,8 @@ def test_guarded_traffic_with_redis_store_and_broker_log_audits_clean(
     result = run_audit(spark, AuditOptions(
         [str(events)], out=str(tmp_path / "out"), config=config, watermark=now_ms(),
         checks=CheckOptions(assume_drained=True),
-        cross=CrossInputs(redis_url=redis_url, broker_logs=(str(activemq_server.log_path),))))
+        cross=CrossInputs(redis_url=mqguard_redis_url,
+                          broker_logs=(str(mqguard_activemq_server.log_path),))))
     summary = result.summary
     found = {name: entry["by_address"] for name, entry in summary["classes"].items()
              if entry["count"]}

@@ -30,7 +30,7 @@ STATE_CLASSES = ("ring_mismatch", "rejected_without_twin", "count_over_max", "co
 
 @pytest.fixture(params=["standalone", "cluster"])
 def any_redis_url(request: pytest.FixtureRequest) -> str:
-    name = "redis_url" if request.param == "standalone" else "redis_cluster_url"
+    name = "mqguard_redis_url" if request.param == "standalone" else "mqguard_redis_cluster_url"
     return str(request.getfixturevalue(name))
 
 

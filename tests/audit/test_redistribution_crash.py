@@ -59,24 +59,24 @@ def start_redistributor(config: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def test_sigkill_mid_move_loses_and_duplicates_nothing(
-        spark: Any, activemq_pair: tuple[Any, Any], redis_url: str, tmp_path: Path,
-        unique_name: str) -> None:
-    url_a, url_b = (server.urls["stomp"] for server in activemq_pair)
+        spark: Any, mqguard_activemq_pair: tuple[Any, Any], mqguard_redis_url: str, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    url_a, url_b = (server.urls["stomp"] for server in mqguard_activemq_pair)
     events = tmp_path / "events"
-    data = toml_config(tmp_path / "test.toml", store=redis_url, events=events, url_a=url_a,
-                       url_b=url_b, queue=unique_name, node_id="crash-test")
+    data = toml_config(tmp_path / "test.toml", store=mqguard_redis_url, events=events, url_a=url_a,
+                       url_b=url_b, queue=mqguard_unique_name, node_id="crash-test")
     process_config = tmp_path / "redistributor.toml"
-    toml_config(process_config, store=redis_url, events=events, url_a=url_a, url_b=url_b,
-                queue=unique_name, node_id=None)
+    toml_config(process_config, store=mqguard_redis_url, events=events, url_a=url_a, url_b=url_b,
+                queue=mqguard_unique_name, node_id=None)
     config = parse_config(data, "test.toml")
     received = Received()
     processes: list[subprocess.Popen[bytes]] = []
     log = tmp_path / "redistributor.log"
     with Guard(config) as guard:
         with GroupProducer("g", guard=guard, producer_id="crash-p") as producer:
-            sent = [producer.send(unique_name, f"m{i}").message for i in range(COUNT)]
+            sent = [producer.send(mqguard_unique_name, f"m{i}").message for i in range(COUNT)]
         try:
-            with GroupConsumer("g", url_b, unique_name, received, guard):
+            with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
                 # Kill one mid-move five times, then let the last one finish. Each kill
                 # follows the arrival of the first copy of a batch at B by about a
                 # millisecond: the redistributor is then between the target's COMMIT and
@@ -111,8 +111,8 @@ def test_sigkill_mid_move_loses_and_duplicates_nothing(
     assert set(handled) == {m.message_id for m in sent}
     assert max(handled.values()) == 1
     # The brokers: nothing left behind on either node.
-    assert drain(url_a, unique_name) == []
-    assert drain(url_b, unique_name, first_s=0.5) == []
+    assert drain(url_a, mqguard_unique_name) == []
+    assert drain(url_b, mqguard_unique_name, first_s=0.5) == []
     all_events = list(read_events(events))
     suppressed = [e for e in all_events if e["type"] == "duplicate_delivery_suppressed"]
     moves = [e for e in all_events if e["type"] == REDISTRIBUTED_EVENT]

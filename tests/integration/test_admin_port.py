@@ -170,7 +170,7 @@ def test_health_follows_a_frozen_broker(own_activemq: ServerHandle, tmp_path: Pa
 
 
 @pytest.mark.activemq
-def test_health_probes_are_cached(activemq_server: ServerHandle, tmp_path: Path,
+def test_health_probes_are_cached(mqguard_activemq_server: ServerHandle, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A flood of /health requests makes one broker handshake per ttl, not one each."""
     probes: list[float] = []
@@ -181,7 +181,7 @@ def test_health_probes_are_cached(activemq_server: ServerHandle, tmp_path: Path,
         return await real(self)
 
     monkeypatch.setattr(UpstreamProbe, "_probe", counted)
-    proxy = Sidecar(_config(tmp_path), parse_upstream(activemq_server.urls["stomp"]),
+    proxy = Sidecar(_config(tmp_path), parse_upstream(mqguard_activemq_server.urls["stomp"]),
                     admin=("127.0.0.1", 0))
     with SidecarThread(proxy) as running:
         started = time.monotonic()

@@ -12,9 +12,10 @@ from mqguard.cli import main
 
 
 @pytest.mark.redis
-def test_bench_dedup_writes_every_figure(redis_url: str, tmp_path: Path) -> None:
+def test_bench_dedup_writes_every_figure(mqguard_redis_url: str, tmp_path: Path) -> None:
     out = tmp_path / "dedup.json"
-    result = CliRunner().invoke(main, ["bench", "dedup", "--redis", redis_url, "--ids", "5000",
+    result = CliRunner().invoke(main, ["bench", "dedup", "--redis", mqguard_redis_url, "--ids",
+                                       "5000",
                                        "--batch", "500", "--memory-ids", "20000",
                                        "--json", str(out)])
     assert result.exit_code == 0, result.output

@@ -28,10 +28,10 @@ def run_bench(args: list[str], json_path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.activemq
-def test_bench_proxy_figures_are_consistent(activemq_server: ServerHandle,
+def test_bench_proxy_figures_are_consistent(mqguard_activemq_server: ServerHandle,
                                             tmp_path: Path) -> None:
     report = run_bench(["--broker", "activemq", "--activemq-url",
-                        activemq_server.urls["stomp"], "-n", "300", "--rounds", "1",
+                        mqguard_activemq_server.urls["stomp"], "-n", "300", "--rounds", "1",
                         "--latency-samples", "100", "--warmup", "100",
                         "--event-loop", "asyncio", "--baselines"],
                        tmp_path / "proxy.json")
@@ -89,13 +89,13 @@ def test_bench_proxy_figures_are_consistent(activemq_server: ServerHandle,
 
 
 @pytest.mark.rabbitmq
-def test_request_response_through_the_sidecar_never_stalls(rabbitmq_server: ServerHandle,
-                                                            unique_name: str) -> None:
+def test_request_response_through_the_sidecar_never_stalls(mqguard_rabbitmq_server: ServerHandle,
+                                                            mqguard_unique_name: str) -> None:
     """Regression: RabbitMQ ends frames with NUL EOL; relayed as heart-beats around the
     sidecar's own RECEIPTs they put "\\n\\n" in front of a MESSAGE, and stomp.py 9 dropped
     that MESSAGE (the one-at-a-time client then waited for ever)."""
-    with running_sidecar(rabbitmq_server.urls["stomp"], "memory") as sidecar:
-        samples = stomp_latency(sidecar.url, unique_name, 200, 64, timeout=5.0)
+    with running_sidecar(mqguard_rabbitmq_server.urls["stomp"], "memory") as sidecar:
+        samples = stomp_latency(sidecar.url, mqguard_unique_name, 200, 64, timeout=5.0)
     assert len(samples) == 200
     assert 0 < percentile(samples, 50) <= percentile(samples, 99)
 

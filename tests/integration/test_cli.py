@@ -49,7 +49,7 @@ def test_config_show_effective_settings(tmp_path: Path) -> None:
 
 
 @pytest.mark.activemq
-def test_sidecar_command_serves_and_stops_on_sigterm(activemq_server: Any,
+def test_sidecar_command_serves_and_stops_on_sigterm(mqguard_activemq_server: Any,
                                                      tmp_path: Path) -> None:
     """`mqguard sidecar` as a process: JSON logs, a round trip through it, SIGTERM drains
     and exits 0."""
@@ -66,7 +66,8 @@ def test_sidecar_command_serves_and_stops_on_sigterm(activemq_server: Any,
         f'[mqguard.event-log]\ndirectory = "{tmp_path / "events"}"\n')
     proc = subprocess.Popen(
         [sys.executable, "-m", "mqguard.cli", "sidecar", "--listen", "127.0.0.1:0",
-         "--upstream", activemq_server.urls["stomp"], "--config", str(tmp_path / "mqguard.toml"),
+         "--upstream", mqguard_activemq_server.urls["stomp"], "--config",
+         str(tmp_path / "mqguard.toml"),
          "--admin", "127.0.0.1:0", "--log-format", "json"],
         stderr=subprocess.PIPE, text=True)
     try:

@@ -44,31 +44,32 @@ BROKERS = [
 @pytest.mark.redis
 @pytest.mark.parametrize("kind", BROKERS)
 def test_sigkill_mid_stream_loses_nothing(kind: tuple[str, str], request: pytest.FixtureRequest,
-                                          redis_url: str, tmp_path: Path,
-                                          unique_name: str) -> None:
+                                          mqguard_redis_url: str, tmp_path: Path,
+                                          mqguard_unique_name: str) -> None:
     server, scheme = kind
-    url = request.getfixturevalue(f"{server}_server").urls[scheme]
+    url = request.getfixturevalue(f"mqguard_{server}_server").urls[scheme]
     log_path = tmp_path / "handled.log"
     context = multiprocessing.get_context("spawn")
-    client_id = f"crash-{unique_name[-10:]}"
+    client_id = f"crash-{mqguard_unique_name[-10:]}"
 
     def start(node: str) -> Any:
-        config = crash_config(unique_name, redis_url, tmp_path / "events", node)
+        config = crash_config(mqguard_unique_name, mqguard_redis_url, tmp_path / "events", node)
         process = context.Process(target=consume_forever, daemon=True,
-                                  args=(url, unique_name, config, str(log_path), client_id))
+                                  args=(url, mqguard_unique_name, config, str(log_path), client_id))
         process.start()
         return process
 
     bodies = [f"poison-{i}" if i % POISON_EVERY == 5 else f"ok-{i}" for i in range(TOTAL)]
     dead: list[Message] = []
     with Guard(parse_config({"mqguard": {"event-log": {"enabled": False}}})) as probe, \
-            GuardedConsumer(open_adapter(url), f"{unique_name}.DLA", dead.append, probe):
+            GuardedConsumer(open_adapter(url), f"{mqguard_unique_name}.DLA", dead.append, probe):
         first = start("crash-1")
         try:
             wait_for(lambda: "ready" in handled(log_path), 30, "the first consumer")
             with GuardedProducer(open_adapter(url), probe) as producer:
                 sent = {m.body.decode(): m.message_id for m in
-                        (producer.send(unique_name, body.encode()).message for body in bodies)}
+                        (producer.send(mqguard_unique_name,
+                                       body.encode()).message for body in bodies)}
             wait_for(lambda: sum(map(len, handled(log_path).values())) >= 20, 30,
                      "20 handler calls")
         finally:

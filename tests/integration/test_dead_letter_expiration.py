@@ -76,12 +76,12 @@ def _sleep_until(deadline_ms: int) -> None:
 @pytest.mark.parametrize("kind", BROKERS)
 def test_wrapper_dead_letter_outlives_the_original_ttl(
         kind: str, store: str, request: pytest.FixtureRequest, tmp_path: Path,
-        unique_name: str) -> None:
-    url = request.getfixturevalue(f"{kind}_server").urls["stomp"]
-    store_url = request.getfixturevalue("redis_url") if store == "redis" else "memory"
+        mqguard_unique_name: str) -> None:
+    url = request.getfixturevalue(f"mqguard_{kind}_server").urls["stomp"]
+    store_url = request.getfixturevalue("mqguard_redis_url") if store == "redis" else "memory"
     guard = Guard(parse_config({
         "mqguard": _core(tmp_path, "poison", store_url),
-        "address-settings": {unique_name: _settings(unique_name)}})).start()
+        "address-settings": {mqguard_unique_name: _settings(mqguard_unique_name)}})).start()
     failed: list[Message] = []
 
     def poison(message: Message) -> None:
@@ -89,9 +89,9 @@ def test_wrapper_dead_letter_outlives_the_original_ttl(
         raise Nack("poison")
 
     try:
-        with GuardedConsumer(open_adapter(url), unique_name, poison, guard), \
+        with GuardedConsumer(open_adapter(url), mqguard_unique_name, poison, guard), \
                 GuardedProducer(open_adapter(url), guard) as producer:
-            sent = producer.send(unique_name, b"poison", ttl_ms=TTL_MS).message
+            sent = producer.send(mqguard_unique_name, b"poison", ttl_ms=TTL_MS).message
             assert sent.expiration > 0
             wait_for(lambda: any(e["type"] == "dead_lettered"
                                  for e in _events(guard, tmp_path, "poison")),
@@ -102,7 +102,7 @@ def test_wrapper_dead_letter_outlives_the_original_ttl(
         # A guarded consumer of the dead-letter address, with its own expiry address: a
         # dead letter that kept the TTL would be expired there instead of delivered.
         inbox: list[Message] = []
-        dla = f"{unique_name}.DLA"
+        dla = f"{mqguard_unique_name}.DLA"
         reader = Guard(parse_config({
             "mqguard": _core(tmp_path, "dla-reader", "memory"),
             "address-settings": {dla: {"expiry-address": f"{dla}.EXP"}}})).start()
@@ -141,16 +141,16 @@ class Client(stomp.ConnectionListener):  # type: ignore[misc]
 
 
 @pytest.fixture
-def proxy(request: pytest.FixtureRequest, tmp_path: Path, unique_name: str
+def proxy(request: pytest.FixtureRequest, tmp_path: Path, mqguard_unique_name: str
           ) -> Iterator[tuple[str, SidecarThread]]:
     kind = request.param
-    dla = f"{unique_name}.DLA"
+    dla = f"{mqguard_unique_name}.DLA"
     config = parse_config({
         "mqguard": {**_core(tmp_path, "sidecar", "memory"),
                     "message-expiry-scan-period": -1},
-        "address-settings": {unique_name: _settings(unique_name),
+        "address-settings": {mqguard_unique_name: _settings(mqguard_unique_name),
                              dla: {"expiry-address": f"{dla}.EXP"}}})
-    server = request.getfixturevalue(f"{kind}_server")
+    server = request.getfixturevalue(f"mqguard_{kind}_server")
     sidecar = Sidecar(config, parse_upstream(server.urls["stomp"]), admin=("127.0.0.1", 0))
     with SidecarThread(sidecar) as running:
         yield kind, running
@@ -158,11 +158,11 @@ def proxy(request: pytest.FixtureRequest, tmp_path: Path, unique_name: str
 
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_sidecar_dead_letter_outlives_the_original_ttl(
-        proxy: tuple[str, SidecarThread], tmp_path: Path, unique_name: str) -> None:
+        proxy: tuple[str, SidecarThread], tmp_path: Path, mqguard_unique_name: str) -> None:
     kind, running = proxy
     client = Client(running.port)
     try:
-        queue = f"/queue/{unique_name}"
+        queue = f"/queue/{mqguard_unique_name}"
         sent_at = now_ms()
         # Each broker's own way of saying it: ActiveMQ's absolute ``expires``, RabbitMQ's
         # relative ``expiration``.
@@ -178,7 +178,7 @@ def test_sidecar_dead_letter_outlives_the_original_ttl(
         client.conn.unsubscribe("s")
         _sleep_until(sent_at + TTL_MS + int(PAST_TTL_S * 1000))
 
-        client.conn.subscribe(f"/queue/{unique_name}.DLA", id="d", ack="client-individual")
+        client.conn.subscribe(f"/queue/{mqguard_unique_name}.DLA", id="d", ack="client-individual")
         wait_for(lambda: len(client.frames) >= 2, 10,
                  "the dead letter, after the original's TTL")
         time.sleep(0.3)

@@ -194,7 +194,7 @@ STORES = [pytest.param("memory", False, id="memory"),
 
 @pytest.fixture
 def store_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield request.getfixturevalue("redis_url") if request.param == "redis" else "memory"
+    yield request.getfixturevalue("mqguard_redis_url") if request.param == "redis" else "memory"
 
 
 @pytest.mark.parametrize(("store_url", "shared"), STORES, indirect=["store_url"])
@@ -203,7 +203,7 @@ def test_batches_decide_as_one_message_at_a_time(tmp_path: Path, store_url: str,
                                                  ) -> None:
     single = run(tmp_path / "single", store_url, shared=shared, batch=False)
     if store_url != "memory":
-        store_url = request.getfixturevalue("redis_url")  # flushed again
+        store_url = request.getfixturevalue("mqguard_redis_url")  # flushed again
         import redis
 
         client = redis.Redis.from_url(store_url)

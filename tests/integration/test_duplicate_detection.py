@@ -78,11 +78,12 @@ def drain(url: str, address: str, guard: Guard, expected: int) -> list[Message]:
 
 @pytest.mark.redis
 @pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
-def test_duplicate_not_delivered(broker_url: str, redis_url: str, tmp_path: Path,
-                                 unique_name: str) -> None:
-    with guard_for(tmp_path, redis_url) as guard, Drain(broker_url, unique_name, guard) as sink:
+def test_duplicate_not_delivered(broker_url: str, mqguard_redis_url: str, tmp_path: Path,
+                                 mqguard_unique_name: str) -> None:
+    with guard_for(tmp_path, mqguard_redis_url) as guard, Drain(broker_url, mqguard_unique_name,
+                                                                guard) as sink:
         with GuardedProducer(open_adapter(broker_url), guard) as producer:
-            results = [producer.send(unique_name, body.encode(), duplicate_id=dup)
+            results = [producer.send(mqguard_unique_name, body.encode(), duplicate_id=dup)
                        for body, dup in [("a", "A"), ("b", "B"), ("a2", "A"), ("c", "C"),
                                          ("b2", "B")]]
         assert [r.sent for r in results] == [True, True, False, True, False]
@@ -90,36 +91,42 @@ def test_duplicate_not_delivered(broker_url: str, redis_url: str, tmp_path: Path
     assert sorted(m.body for m in got) == [b"a", b"b", b"c"]
     rejected = [e for e in read_events(tmp_path / "events") if e["type"] == "duplicate_rejected"]
     assert sorted(e["duplicate_id"] for e in rejected) == ["A", "B"]
-    assert all(e["address"] == unique_name for e in rejected)
+    assert all(e["address"] == mqguard_unique_name for e in rejected)
 
 
 @pytest.mark.redis
 @pytest.mark.parametrize("broker_url", STOMP_BROKERS, indirect=True)
-def test_transaction_with_duplicate_commits_nothing(broker_url: str, redis_url: str,
-                                                    tmp_path: Path, unique_name: str) -> None:
-    with guard_for(tmp_path, redis_url) as guard:
+def test_transaction_with_duplicate_commits_nothing(broker_url: str, mqguard_redis_url: str,
+                                                    tmp_path: Path,
+                                                    mqguard_unique_name: str) -> None:
+    with guard_for(tmp_path, mqguard_redis_url) as guard:
         with GuardedProducer(open_adapter(broker_url), guard) as producer:
-            producer.send(unique_name, b"first", duplicate_id="D1")
+            producer.send(mqguard_unique_name, b"first", duplicate_id="D1")
             with pytest.raises(TransactionRolledBack, match="DUPLICATE_ID_REJECTED"):
                 with producer.transaction() as tx:
-                    producer.send(unique_name, b"new-in-tx", duplicate_id="D2", transaction=tx)
-                    producer.send(unique_name, b"dup-in-tx", duplicate_id="D1", transaction=tx)
+                    producer.send(mqguard_unique_name, b"new-in-tx", duplicate_id="D2",
+                                  transaction=tx)
+                    producer.send(mqguard_unique_name, b"dup-in-tx", duplicate_id="D1",
+                                  transaction=tx)
             # D2 was never made visible: the failed transaction added nothing to the cache.
-            assert producer.send(unique_name, b"D2-later", duplicate_id="D2").sent
-        got = drain(broker_url, unique_name, guard, 2)
+            assert producer.send(mqguard_unique_name, b"D2-later", duplicate_id="D2").sent
+        got = drain(broker_url, mqguard_unique_name, guard, 2)
     assert sorted(m.body for m in got) == [b"D2-later", b"first"]
 
 
 @pytest.mark.redis
 @pytest.mark.activemq
-def test_racing_producer_processes_accept_each_id_once(activemq_server: Any, redis_url: str,
-                                                       tmp_path: Path, unique_name: str) -> None:
-    url = activemq_server.urls["stomp"]
+def test_racing_producer_processes_accept_each_id_once(mqguard_activemq_server: Any,
+                                                       mqguard_redis_url: str,
+                                                       tmp_path: Path,
+                                                       mqguard_unique_name: str) -> None:
+    url = mqguard_activemq_server.urls["stomp"]
     ids = [f"race-{i}" for i in range(150)]
     ctx = multiprocessing.get_context("spawn")
     results, start = ctx.Queue(), ctx.Event()
     workers = [ctx.Process(target=race_worker,
-                           args=(url, redis_url, unique_name, str(tmp_path / "events"),
+                           args=(url, mqguard_redis_url, mqguard_unique_name,
+                                 str(tmp_path / "events"),
                                  f"racer-{n}", ids[::-1] if n % 2 else ids, results, start))
                for n in range(4)]
     for worker in workers:
@@ -131,42 +138,42 @@ def test_racing_producer_processes_accept_each_id_once(activemq_server: Any, red
         assert worker.exitcode == 0
     accepted = sum(results.get(timeout=5) for _ in workers)
     assert accepted == len(ids)
-    with guard_for(tmp_path, redis_url, node="drain") as guard:
-        got = drain(url, unique_name, guard, len(ids))
+    with guard_for(tmp_path, mqguard_redis_url, node="drain") as guard:
+        got = drain(url, mqguard_unique_name, guard, len(ids))
     assert Counter(m.body.decode() for m in got) == Counter(ids)
 
 
 @pytest.mark.redis
 @pytest.mark.activemq
-def test_cache_survives_mqguard_and_redis_restarts(activemq_server: Any,
-                                                   fresh_redis_server: Any, tmp_path: Path,
-                                                   unique_name: str) -> None:
-    url = activemq_server.urls["stomp"]
-    redis_url = fresh_redis_server.urls["redis"]
+def test_cache_survives_mqguard_and_redis_restarts(mqguard_activemq_server: Any,
+                                                   mqguard_fresh_redis_server: Any, tmp_path: Path,
+                                                   mqguard_unique_name: str) -> None:
+    url = mqguard_activemq_server.urls["stomp"]
+    redis_url = mqguard_fresh_redis_server.urls["redis"]
     with guard_for(tmp_path, redis_url, node="first") as guard, \
             GuardedProducer(open_adapter(url), guard) as producer:
-        assert producer.send(unique_name, b"x", duplicate_id="persist-me").sent
+        assert producer.send(mqguard_unique_name, b"x", duplicate_id="persist-me").sent
     # A new mqguard process (new guard, new store connection) sees the id...
     with guard_for(tmp_path, redis_url, node="second") as guard, \
             GuardedProducer(open_adapter(url), guard) as producer:
-        assert not producer.send(unique_name, b"x", duplicate_id="persist-me").sent
+        assert not producer.send(mqguard_unique_name, b"x", duplicate_id="persist-me").sent
     # ...and so does one after Redis itself restarted (AOF).
-    restarted = restart_redis(fresh_redis_server)
+    restarted = restart_redis(mqguard_fresh_redis_server)
     with guard_for(tmp_path, restarted.urls["redis"], node="third") as guard, \
             GuardedProducer(open_adapter(url), guard) as producer:
-        assert not producer.send(unique_name, b"x", duplicate_id="persist-me").sent
+        assert not producer.send(mqguard_unique_name, b"x", duplicate_id="persist-me").sent
 
 
 @pytest.mark.redis
-def test_shrunk_id_cache_size_keeps_newest_in_redis(redis_url: str, tmp_path: Path) -> None:
+def test_shrunk_id_cache_size_keeps_newest_in_redis(mqguard_redis_url: str, tmp_path: Path) -> None:
     from mqguard.testing.loopback import LoopbackAdapter
 
     adapter = LoopbackAdapter()
-    with guard_for(tmp_path, redis_url, **{"shrink": {"id-cache-size": 10}}) as guard:
+    with guard_for(tmp_path, mqguard_redis_url, **{"shrink": {"id-cache-size": 10}}) as guard:
         producer = GuardedProducer(adapter, guard)
         for i in range(10):
             producer.send("shrink", b"", duplicate_id=f"id-{i}")
-    with guard_for(tmp_path, redis_url, **{"shrink": {"id-cache-size": 4}}) as guard:
+    with guard_for(tmp_path, mqguard_redis_url, **{"shrink": {"id-cache-size": 4}}) as guard:
         producer = GuardedProducer(adapter, guard)
         assert not producer.send("shrink", b"", duplicate_id="id-9").sent
         assert guard.store.ring_ids("shrink") == [id_digest(f"id-{i}") for i in range(6, 10)]
@@ -175,28 +182,31 @@ def test_shrunk_id_cache_size_keeps_newest_in_redis(redis_url: str, tmp_path: Pa
 
 @pytest.mark.redis
 @pytest.mark.activemq
-def test_dedup_on_redis_cluster(activemq_server: Any, redis_cluster_url: str, tmp_path: Path,
-                                unique_name: str) -> None:
-    url = activemq_server.urls["stomp"]
-    with guard_for(tmp_path, redis_cluster_url) as guard, \
+def test_dedup_on_redis_cluster(mqguard_activemq_server: Any, mqguard_redis_cluster_url: str,
+                                tmp_path: Path,
+                                mqguard_unique_name: str) -> None:
+    url = mqguard_activemq_server.urls["stomp"]
+    with guard_for(tmp_path, mqguard_redis_cluster_url) as guard, \
             GuardedProducer(open_adapter(url), guard) as producer:
-        assert producer.send(unique_name, b"1", duplicate_id="C").sent
-        assert not producer.send(unique_name, b"2", duplicate_id="C").sent
+        assert producer.send(mqguard_unique_name, b"1", duplicate_id="C").sent
+        assert not producer.send(mqguard_unique_name, b"2", duplicate_id="C").sent
         store = guard.store
         assert isinstance(store, RedisStore)
-        assert store.ring_stats(unique_name).count == 1
+        assert store.ring_stats(mqguard_unique_name).count == 1
 
 
 @pytest.mark.redis
-def test_dedup_cli_stats_and_clear(redis_url: str, tmp_path: Path) -> None:
-    store = RedisStore.from_url(redis_url)
+def test_dedup_cli_stats_and_clear(mqguard_redis_url: str, tmp_path: Path) -> None:
+    store = RedisStore.from_url(mqguard_redis_url)
     store.ring_check_and_add("orders", [id_digest("a"), id_digest("b")], 20000)
     store.close()
     runner = CliRunner()
-    stats = runner.invoke(main, ["dedup", "stats", "orders", "--store", redis_url, "--json"])
+    stats = runner.invoke(main, ["dedup", "stats", "orders", "--store", mqguard_redis_url,
+                                 "--json"])
     assert stats.exit_code == 0, stats.output
     assert '"count": 2' in stats.output and '"capacity": 20000' in stats.output
-    cleared = runner.invoke(main, ["dedup", "clear", "orders", "--store", redis_url, "--yes"])
+    cleared = runner.invoke(main, ["dedup", "clear", "orders", "--store", mqguard_redis_url,
+                                   "--yes"])
     assert cleared.exit_code == 0 and "cleared: orders" in cleared.output
-    missing = runner.invoke(main, ["dedup", "stats", "orders", "--store", redis_url])
+    missing = runner.invoke(main, ["dedup", "stats", "orders", "--store", mqguard_redis_url])
     assert missing.exit_code != 0 and "no duplicate-ID cache" in missing.output

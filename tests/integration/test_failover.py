@@ -96,10 +96,11 @@ def run_failover(url: str, scheme: str, tmp_path: Path, address: str,
 @pytest.mark.parametrize("kind", BROKERS)
 def test_failover_with_audit_has_no_double_invocations(kind: tuple[str, str],
                                                        request: pytest.FixtureRequest,
-                                                       tmp_path: Path, unique_name: str) -> None:
+                                                       tmp_path: Path,
+                                                       mqguard_unique_name: str) -> None:
     server, scheme = kind
-    url = request.getfixturevalue(f"{server}_server").urls[scheme]
-    handler, events, dead = run_failover(url, scheme, tmp_path, unique_name, audit=True)
+    url = request.getfixturevalue(f"mqguard_{server}_server").urls[scheme]
+    handler, events, dead = run_failover(url, scheme, tmp_path, mqguard_unique_name, audit=True)
     assert handler.distinct() == TOTAL, "messages lost across the failover"
     assert handler.unacked_handled == CUT_AT - BLACKHOLE_AT
     doubles = {mid: n for mid, n in handler.calls.items() if n > 1}
@@ -115,11 +116,11 @@ def test_failover_with_audit_has_no_double_invocations(kind: tuple[str, str],
 @pytest.mark.parametrize("kind", BROKERS)
 def test_failover_without_audit_double_invokes(kind: tuple[str, str],
                                                request: pytest.FixtureRequest,
-                                               tmp_path: Path, unique_name: str) -> None:
+                                               tmp_path: Path, mqguard_unique_name: str) -> None:
     """The control: the same failover with consumer_audit disabled runs handlers twice."""
     server, scheme = kind
-    url = request.getfixturevalue(f"{server}_server").urls[scheme]
-    handler, _events, _dead = run_failover(url, scheme, tmp_path, unique_name, audit=False)
+    url = request.getfixturevalue(f"mqguard_{server}_server").urls[scheme]
+    handler, _events, _dead = run_failover(url, scheme, tmp_path, mqguard_unique_name, audit=False)
     assert handler.distinct() == TOTAL
     doubles = [mid for mid, n in handler.calls.items() if n > 1]
     assert len(doubles) >= CUT_AT - BLACKHOLE_AT

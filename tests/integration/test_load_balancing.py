@@ -1,7 +1,7 @@
 """Load balancing across a broker group (Artemis MessageLoadBalancingType), docs/load-balancing.md.
 
 Pure routing logic runs against a MemoryStore; the message counts per mode run against two
-real ActiveMQ nodes on loopback (``activemq_pair``).
+real ActiveMQ nodes on loopback (``mqguard_activemq_pair``).
 """
 
 from __future__ import annotations
@@ -174,15 +174,15 @@ def stomp_urls(pair: tuple[Any, Any]) -> tuple[str, str]:
 @pytest.mark.activemq
 @pytest.mark.parametrize(("mode", "expected_a"), [
     ("OFF", 10), ("OFF_WITH_REDISTRIBUTION", 10), ("STRICT", 5), ("ON_DEMAND", 10)])
-def test_counts_per_node_without_consumers(activemq_pair: tuple[Any, Any], tmp_path: Path,
-                                           unique_name: str, mode: str,
+def test_counts_per_node_without_consumers(mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path,
+                                           mqguard_unique_name: str, mode: str,
                                            expected_a: int) -> None:
-    url_a, url_b = stomp_urls(activemq_pair)
+    url_a, url_b = stomp_urls(mqguard_activemq_pair)
     config = make_config([url_a, url_b], mode, tmp_path)
     with GroupProducer("g", config, producer_id="p") as producer:
         for i in range(10):
-            assert producer.send(unique_name, f"m{i}").sent
-    on_a, on_b = drain(url_a, unique_name), drain(url_b, unique_name)
+            assert producer.send(mqguard_unique_name, f"m{i}").sent
+    on_a, on_b = drain(url_a, mqguard_unique_name), drain(url_b, mqguard_unique_name)
     assert (len(on_a), len(on_b)) == (expected_a, 10 - expected_a)
     routed = [e for e in read_events(tmp_path / "events") if e["type"] == ROUTED_EVENT]
     assert len(routed) == 10 and {e["mode"] for e in routed} == {mode}
@@ -193,37 +193,37 @@ def test_counts_per_node_without_consumers(activemq_pair: tuple[Any, Any], tmp_p
 
 @pytest.mark.activemq
 def test_on_demand_sends_nothing_to_a_node_without_consumers(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
-    url_a, url_b = stomp_urls(activemq_pair)
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
+    url_a, url_b = stomp_urls(mqguard_activemq_pair)
     config = make_config([url_a, url_b], "ON_DEMAND", tmp_path)
     received = Received()
     with Guard(config) as guard, \
-            GroupConsumer("g", url_b, unique_name, received, guard), \
+            GroupConsumer("g", url_b, mqguard_unique_name, received, guard), \
             GroupProducer("g", guard=guard, producer_id="p") as producer:
         for i in range(20):
-            producer.send(unique_name, f"m{i}")
+            producer.send(mqguard_unique_name, f"m{i}")
         assert received.wait(20) == 20
-    assert drain(url_a, unique_name) == []
-    assert drain(url_b, unique_name, first_s=0.5) == []
+    assert drain(url_a, mqguard_unique_name) == []
+    assert drain(url_b, mqguard_unique_name, first_s=0.5) == []
     assert sorted(m.body for m in received.messages) == sorted(f"m{i}".encode()
                                                                for i in range(20))
 
 
 @pytest.mark.activemq
 def test_on_demand_round_robin_and_consumer_filters(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
-    url_a, url_b = stomp_urls(activemq_pair)
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
+    url_a, url_b = stomp_urls(mqguard_activemq_pair)
     config = make_config([url_a, url_b], "ON_DEMAND", tmp_path)
     on_a, red_on_b = Received(), Received()
     red = SubscribeOptions(selector="color = 'red'")
     with Guard(config) as guard, \
-            GroupConsumer("g", url_a, unique_name, on_a, guard), \
-            GroupConsumer("g", url_b, unique_name, red_on_b, guard, options=red), \
+            GroupConsumer("g", url_a, mqguard_unique_name, on_a, guard), \
+            GroupConsumer("g", url_b, mqguard_unique_name, red_on_b, guard, options=red), \
             GroupProducer("g", guard=guard, producer_id="p") as producer:
         for i in range(10):
-            producer.send(unique_name, f"red{i}", headers={"color": "red"})
+            producer.send(mqguard_unique_name, f"red{i}", headers={"color": "red"})
         for i in range(6):
-            producer.send(unique_name, f"blue{i}", headers={"color": "blue"})
+            producer.send(mqguard_unique_name, f"blue{i}", headers={"color": "blue"})
         assert on_a.wait(11) == 11
         assert red_on_b.wait(5) == 5
         time.sleep(0.5)
@@ -231,5 +231,5 @@ def test_on_demand_round_robin_and_consumer_filters(
     assert sorted(m.body for m in red_on_b.messages) == sorted(
         f"red{i}".encode() for i in range(1, 10, 2))
     assert len(on_a.messages) == 11
-    assert drain(url_a, unique_name, first_s=0.5) == []
-    assert drain(url_b, unique_name, first_s=0.5) == []
+    assert drain(url_a, mqguard_unique_name, first_s=0.5) == []
+    assert drain(url_b, mqguard_unique_name, first_s=0.5) == []

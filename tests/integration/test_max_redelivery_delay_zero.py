@@ -49,15 +49,15 @@ def settings(address: str) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", BROKERS)
 def test_wrapper_redelivers_at_once_with_an_explicit_zero_cap(
         kind: str, store: str, request: pytest.FixtureRequest, tmp_path: Path,
-        unique_name: str) -> None:
-    url = request.getfixturevalue(f"{kind}_server").urls["stomp"]
+        mqguard_unique_name: str) -> None:
+    url = request.getfixturevalue(f"mqguard_{kind}_server").urls["stomp"]
     core: dict[str, Any] = {"node-id": "zero-cap", "store": store,
                             "event-log": {"directory": str(tmp_path / "events"),
                                           "flush-interval-ms": 20}}
     if store == "redis":
-        core["store"] = request.getfixturevalue("redis_url")
+        core["store"] = request.getfixturevalue("mqguard_redis_url")
     guard = Guard(parse_config({"mqguard": core,
-                                "address-settings": settings(unique_name)})).start()
+                                "address-settings": settings(mqguard_unique_name)})).start()
     calls: list[tuple[float, int]] = []
 
     def handler(message: Message) -> None:
@@ -66,9 +66,9 @@ def test_wrapper_redelivers_at_once_with_an_explicit_zero_cap(
             raise Nack("first attempt fails")
 
     try:
-        with GuardedConsumer(open_adapter(url), unique_name, handler, guard), \
+        with GuardedConsumer(open_adapter(url), mqguard_unique_name, handler, guard), \
                 GuardedProducer(open_adapter(url), guard) as producer:
-            producer.send(unique_name, b"retry me")
+            producer.send(mqguard_unique_name, b"retry me")
             wait_for(lambda: len(calls) >= 2, POLICY_DELAY_MS / 1000 + 10, "the redelivery")
         gap = calls[1][0] - calls[0][0]
         assert [count for _, count in calls] == [1, 2]
@@ -82,15 +82,15 @@ def test_wrapper_redelivers_at_once_with_an_explicit_zero_cap(
 
 
 @pytest.fixture
-def proxy(request: pytest.FixtureRequest, tmp_path: Path, unique_name: str
+def proxy(request: pytest.FixtureRequest, tmp_path: Path, mqguard_unique_name: str
           ) -> Iterator[SidecarThread]:
     kind = request.param
     config = parse_config({
         "mqguard": {"node-id": "zero-cap-sidecar",
                     "event-log": {"directory": str(tmp_path / "events"),
                                   "flush-interval-ms": 20}},
-        "address-settings": settings(unique_name)})
-    server = request.getfixturevalue(f"{kind}_server")
+        "address-settings": settings(mqguard_unique_name)})
+    server = request.getfixturevalue(f"mqguard_{kind}_server")
     sidecar = Sidecar(config, parse_upstream(server.urls["stomp"]), admin=("127.0.0.1", 0))
     with SidecarThread(sidecar) as running:
         yield running
@@ -106,13 +106,13 @@ class Recorder(stomp.ConnectionListener):  # type: ignore[misc]
 
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_sidecar_redelivers_at_once_with_an_explicit_zero_cap(
-        proxy: SidecarThread, unique_name: str) -> None:
+        proxy: SidecarThread, mqguard_unique_name: str) -> None:
     recorder = Recorder()
     conn = stomp.Connection12([("127.0.0.1", proxy.port)], vhost="/")
     conn.set_listener("r", recorder)
     conn.connect("guest", "guest", wait=True)
     try:
-        queue = f"/queue/{unique_name}"
+        queue = f"/queue/{mqguard_unique_name}"
         conn.send(queue, "retry me", receipt="sent")
         conn.subscribe(queue, id="s", ack="client-individual")
         wait_for(lambda: recorder.frames, 10, "the first delivery")

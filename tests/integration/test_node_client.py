@@ -82,16 +82,16 @@ def run_node_roundtrip(host: str, port: int, destination: str, count: int, *,
 
 
 def stomp_address(kind: str, request: pytest.FixtureRequest) -> tuple[str, int]:
-    url = urlsplit(request.getfixturevalue(f"{kind}_server").urls["stomp"])
+    url = urlsplit(request.getfixturevalue(f"mqguard_{kind}_server").urls["stomp"])
     assert url.hostname and url.port, url
     return url.hostname, url.port
 
 
 @pytest.mark.parametrize("kind", BROKERS)
 def test_node_client_round_trip(kind: str, request: pytest.FixtureRequest, node_client: str,
-                                unique_name: str) -> None:
+                                mqguard_unique_name: str) -> None:
     host, port = stomp_address(kind, request)
-    destination = f"/queue/{unique_name}"
+    destination = f"/queue/{mqguard_unique_name}"
     count = 20
     result = run_node_roundtrip(host, port, destination, count, node=node_client, **LOGIN)
     assert result["errors"] == [] and result["exit_code"] == 0, result
@@ -113,11 +113,11 @@ def test_node_client_round_trip(kind: str, request: pytest.FixtureRequest, node_
 def test_node_client_duplicate_ids_reach_a_plain_broker(kind: str,
                                                         request: pytest.FixtureRequest,
                                                         node_client: str,
-                                                        unique_name: str) -> None:
+                                                        mqguard_unique_name: str) -> None:
     """The baseline for the sidecar: a broker without mqguard delivers every resent id."""
     host, port = stomp_address(kind, request)
-    prefix = f"{unique_name}-"
-    result = run_node_roundtrip(host, port, f"/queue/{unique_name}", 10, node=node_client,
+    prefix = f"{mqguard_unique_name}-"
+    result = run_node_roundtrip(host, port, f"/queue/{mqguard_unique_name}", 10, node=node_client,
                                 dup_id_every=3, dup_id_prefix=prefix, **LOGIN)
     assert result["errors"] == [] and result["exit_code"] == 0, result
     assert (result["sent"], result["duplicates_sent"], result["receipts"]) == (10, 3, 13)
@@ -136,17 +136,17 @@ def test_node_client_reports_connect_failure(node_client: str) -> None:
 
 @pytest.mark.rabbitmq
 def test_node_client_reports_error_frame(request: pytest.FixtureRequest, node_client: str,
-                                         unique_name: str) -> None:
+                                         mqguard_unique_name: str) -> None:
     host, port = stomp_address("rabbitmq", request)
-    result = run_node_roundtrip(host, port, f"/queue/{unique_name}", 1, node=node_client,
-                                login="guest", passcode="guest", vhost=f"/{unique_name}")
+    result = run_node_roundtrip(host, port, f"/queue/{mqguard_unique_name}", 1, node=node_client,
+                                login="guest", passcode="guest", vhost=f"/{mqguard_unique_name}")
     assert result["exit_code"] == 1, result
     assert any(e.startswith("ERROR frame:") for e in result["errors"]), result
 
 
 @pytest.mark.parametrize("kind", BROKERS)
 def test_node_client_through_the_sidecar(kind: str, request: pytest.FixtureRequest,
-                                         node_client: str, unique_name: str,
+                                         node_client: str, mqguard_unique_name: str,
                                          tmp_path: Path) -> None:
     """The same Node.js client through ``mqguard sidecar``: every message once, in order,
     and the resent duplicate ids are rejected by the sidecar (still receipted)."""
@@ -154,13 +154,13 @@ def test_node_client_through_the_sidecar(kind: str, request: pytest.FixtureReque
     from mqguard.events import read_events
     from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 
-    upstream = request.getfixturevalue(f"{kind}_server").urls["stomp"]
+    upstream = request.getfixturevalue(f"mqguard_{kind}_server").urls["stomp"]
     config = parse_config({"mqguard": {"node-id": "node-sidecar", "event-log": {
         "directory": str(tmp_path / "events"), "flush-interval-ms": 20}}})
     with SidecarThread(Sidecar(config, parse_upstream(upstream))) as proxy:
-        result = run_node_roundtrip("127.0.0.1", proxy.port, f"/queue/{unique_name}", 10,
+        result = run_node_roundtrip("127.0.0.1", proxy.port, f"/queue/{mqguard_unique_name}", 10,
                                     node=node_client, dup_id_every=3,
-                                    dup_id_prefix=f"{unique_name}-", **LOGIN)
+                                    dup_id_prefix=f"{mqguard_unique_name}-", **LOGIN)
         proxy.sidecar.guard.events.flush()
         kinds = [e["type"] for e in read_events(tmp_path / "events")]
     assert result["errors"] == [] and result["exit_code"] == 0, result

@@ -57,7 +57,7 @@ class Broker:
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> Broker:
     kind, scheme, quorum = request.param
-    return Broker(request.getfixturevalue(f"{kind}_server").urls[scheme], kind, quorum)
+    return Broker(request.getfixturevalue(f"mqguard_{kind}_server").urls[scheme], kind, quorum)
 
 
 def make_guard(tmp_path: Path, address: str, name: str = "events", store: str = "memory",
@@ -100,24 +100,25 @@ class Recorder:
 
 
 @pytest.fixture
-def dla_inbox(broker: Broker, unique_name: str) -> Iterator[list[Message]]:
+def dla_inbox(broker: Broker, mqguard_unique_name: str) -> Iterator[list[Message]]:
     """Consumes the dead-letter address (subscribed first: MQTT keeps nothing otherwise)."""
     got: list[Message] = []
     with Guard(parse_config({"mqguard": {"event-log": {"enabled": False}}})) as guard, \
-            GuardedConsumer(open_adapter(broker.url), f"{unique_name}.DLA", got.append, guard):
+            GuardedConsumer(open_adapter(broker.url), f"{mqguard_unique_name}.DLA", got.append,
+                            guard):
         yield got
 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_poison_reaches_the_dla_after_exactly_max_attempts(
-        broker: Broker, dla_inbox: list[Message], tmp_path: Path, unique_name: str) -> None:
-    guard = make_guard(tmp_path, unique_name, **{"max-delivery-attempts": 3})
+        broker: Broker, dla_inbox: list[Message], tmp_path: Path, mqguard_unique_name: str) -> None:
+    guard = make_guard(tmp_path, mqguard_unique_name, **{"max-delivery-attempts": 3})
     recorder = Recorder()
-    with GuardedConsumer(open_adapter(broker.url), unique_name, recorder, guard,
+    with GuardedConsumer(open_adapter(broker.url), mqguard_unique_name, recorder, guard,
                          options=broker.options()):
         # Subscribed first: it declares the (quorum) queue, and MQTT keeps nothing otherwise.
         with GuardedProducer(open_adapter(broker.url), guard) as producer:
-            sent = producer.send(broker.send_address(unique_name), b"poison",
+            sent = producer.send(broker.send_address(mqguard_unique_name), b"poison",
                                  headers={"app": "kept"}).message
         wait_until(lambda: len(dla_inbox) >= 1, 30, "the dead letter")
         time.sleep(0.5)  # nothing more may arrive
@@ -125,8 +126,8 @@ def test_poison_reaches_the_dla_after_exactly_max_attempts(
     assert len(dla_inbox) == 1
     dead = dla_inbox[0]
     assert dead.body == b"poison" and dead.headers["app"] == "kept"
-    assert dead.headers[ORIG_ADDRESS_HEADER] == unique_name
-    assert dead.headers[ORIG_QUEUE_HEADER] == unique_name
+    assert dead.headers[ORIG_ADDRESS_HEADER] == mqguard_unique_name
+    assert dead.headers[ORIG_QUEUE_HEADER] == mqguard_unique_name
     assert dead.headers[ORIG_MESSAGE_ID_HEADER] == sent.message_id
     assert "max-delivery-attempts (3)" in dead.headers[MOVE_REASON_HEADER]
     assert "attempt 3 fails" in dead.headers[MOVE_REASON_HEADER]
@@ -147,14 +148,14 @@ DELAY_MS, MULTIPLIER = 300, 2
 @pytest.mark.parametrize("broker", [b for b in BROKERS if b.id != "rabbitmq-quorum"],
                          indirect=True)
 def test_redelivery_delays_follow_the_policy(broker: Broker, dla_inbox: list[Message],
-                                            tmp_path: Path, unique_name: str) -> None:
-    guard = make_guard(tmp_path, unique_name, **{
+                                            tmp_path: Path, mqguard_unique_name: str) -> None:
+    guard = make_guard(tmp_path, mqguard_unique_name, **{
         "max-delivery-attempts": 4, "redelivery-delay": DELAY_MS,
         "redelivery-delay-multiplier": MULTIPLIER})
     recorder = Recorder()
-    with GuardedConsumer(open_adapter(broker.url), unique_name, recorder, guard):
+    with GuardedConsumer(open_adapter(broker.url), mqguard_unique_name, recorder, guard):
         with GuardedProducer(open_adapter(broker.url), guard) as producer:
-            producer.send(unique_name, b"slow poison")
+            producer.send(mqguard_unique_name, b"slow poison")
         wait_until(lambda: len(dla_inbox) >= 1, 30, "the dead letter")
     times = [t for t, _, _ in recorder.calls]
     gaps = [round((b - a) * 1000) for a, b in itertools.pairwise(times)]
@@ -171,12 +172,12 @@ def test_redelivery_delays_follow_the_policy(broker: Broker, dla_inbox: list[Mes
 
 @pytest.mark.parametrize("broker", BROKERS[:2] + BROKERS[3:], indirect=True)
 def test_unlimited_attempts_never_dead_letter(broker: Broker, dla_inbox: list[Message],
-                                              tmp_path: Path, unique_name: str) -> None:
-    guard = make_guard(tmp_path, unique_name, **{"max-delivery-attempts": -1})
+                                              tmp_path: Path, mqguard_unique_name: str) -> None:
+    guard = make_guard(tmp_path, mqguard_unique_name, **{"max-delivery-attempts": -1})
     recorder = Recorder(fail_first=14)
-    with GuardedConsumer(open_adapter(broker.url), unique_name, recorder, guard):
+    with GuardedConsumer(open_adapter(broker.url), mqguard_unique_name, recorder, guard):
         with GuardedProducer(open_adapter(broker.url), guard) as producer:
-            producer.send(unique_name, b"stubborn")
+            producer.send(mqguard_unique_name, b"stubborn")
         wait_until(lambda: len(recorder.calls) >= 15, 30, "15 deliveries")
         time.sleep(0.5)
     assert [count for _, count, _ in recorder.calls] == list(range(1, 16))

@@ -70,20 +70,20 @@ class Timed(Received):
 
 
 def test_stranded_backlog_moves_after_the_delay_and_not_before(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
-    url_a, url_b = urls(activemq_pair)
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
+    url_a, url_b = urls(mqguard_activemq_pair)
     delay_ms = 2000
-    config = make_config(url_a, url_b, unique_name, tmp_path, delay=delay_ms)
+    config = make_config(url_a, url_b, mqguard_unique_name, tmp_path, delay=delay_ms)
     received = Timed()
     stop = threading.Event()
     with Guard(config) as guard:
-        sent = send_backlog(guard, unique_name, 30)
+        sent = send_backlog(guard, mqguard_unique_name, 30)
         redistributor = Redistributor(guard, "g", batch_size=7)
         started = time.monotonic()
         runner = threading.Thread(target=redistributor.run, args=(stop, 100), daemon=True)
         runner.start()
         try:
-            with GroupConsumer("g", url_b, unique_name, received, guard):
+            with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
                 time.sleep(delay_ms / 1000 * 0.6)
                 assert received.messages == [], "moved before redistribution-delay"
                 assert received.wait(30, timeout=30) == 30
@@ -98,7 +98,7 @@ def test_stranded_backlog_moves_after_the_delay_and_not_before(
     assert {m.headers[HOPS_HEADER] for m in received.messages} == {"1"}
     assert {m.headers[BRIDGE_DUPLICATE_ID_HEADER] for m in received.messages} == {
         f"{m.message_id}:0" for m in sent}
-    assert drain(url_a, unique_name, first_s=0.5) == []
+    assert drain(url_a, mqguard_unique_name, first_s=0.5) == []
     moves = [e for e in read_events(tmp_path / "events") if e["type"] == REDISTRIBUTED_EVENT]
     assert len(moves) == 30
     assert {(e["source_node"], e["target_node"]) for e in moves} == {
@@ -106,16 +106,16 @@ def test_stranded_backlog_moves_after_the_delay_and_not_before(
 
 
 def test_nothing_moves_when_delay_is_minus_one_or_mode_forbids_it(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
-    url_a, url_b = urls(activemq_pair)
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
+    url_a, url_b = urls(mqguard_activemq_pair)
     received = Received()
     cases = [("OFF_WITH_REDISTRIBUTION", -1, "never"), ("STRICT", 0, "off"), ("OFF", 0, "off")]
     for mode, delay, state in cases:
-        config = make_config(url_a, url_b, unique_name, tmp_path, delay=delay, mode=mode)
+        config = make_config(url_a, url_b, mqguard_unique_name, tmp_path, delay=delay, mode=mode)
         with Guard(config) as guard:
             if mode == "OFF_WITH_REDISTRIBUTION":
-                send_backlog(guard, unique_name, 5)
-            with GroupConsumer("g", url_b, unique_name, received, guard):
+                send_backlog(guard, mqguard_unique_name, 5)
+            with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
                 redistributor = Redistributor(guard, "g")
                 try:
                     results = redistributor.scan()
@@ -124,19 +124,19 @@ def test_nothing_moves_when_delay_is_minus_one_or_mode_forbids_it(
                 assert {r.state for r in results} == {state}
                 time.sleep(0.3)
     assert received.messages == []
-    assert len(drain(url_a, unique_name)) == 5
+    assert len(drain(url_a, mqguard_unique_name)) == 5
 
 
 def test_consumer_filters_are_honoured_and_nothing_goes_back(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
-    url_a, url_b = urls(activemq_pair)
-    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
+    url_a, url_b = urls(mqguard_activemq_pair)
+    config = make_config(url_a, url_b, mqguard_unique_name, tmp_path, delay=0)
     red_on_b = Received()
     with Guard(config) as guard:
-        send_backlog(guard, unique_name, 10, color="red")
-        send_backlog(guard, unique_name, 10, color="blue")
+        send_backlog(guard, mqguard_unique_name, 10, color="red")
+        send_backlog(guard, mqguard_unique_name, 10, color="blue")
         red = SubscribeOptions(selector="color = 'red'")
-        with GroupConsumer("g", url_b, unique_name, red_on_b, guard, options=red):
+        with GroupConsumer("g", url_b, mqguard_unique_name, red_on_b, guard, options=red):
             redistributor = Redistributor(guard, "g")
             try:
                 results = {r.node: r for r in redistributor.scan()}
@@ -149,50 +149,50 @@ def test_consumer_filters_are_honoured_and_nothing_goes_back(
             finally:
                 redistributor.close()
     assert {m.headers["color"] for m in red_on_b.messages} == {"red"}
-    left = drain(url_a, unique_name)
+    left = drain(url_a, mqguard_unique_name)
     assert sorted(m.body for m in left) == sorted(f"{{'color': 'blue'}}-{i}".encode()
                                                   for i in range(10))
 
 
 def test_a_copy_confirmed_earlier_is_not_sent_again(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
     """The state a crash between recording a copy and acknowledging its original leaves:
     the next attempt only acknowledges the original. A re-send of a copy through a guard
     is refused by duplicate_detection against the same BRIDGE cache."""
-    url_a, url_b = urls(activemq_pair)
-    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    url_a, url_b = urls(mqguard_activemq_pair)
+    config = make_config(url_a, url_b, mqguard_unique_name, tmp_path, delay=0)
     received = Received()
     with Guard(config) as guard:
-        sent = send_backlog(guard, unique_name, 6)
-        capacity = guard.settings.resolve(unique_name).id_cache_size
-        guard.store.ring_check_and_add(bridge_cache(unique_name),
+        sent = send_backlog(guard, mqguard_unique_name, 6)
+        capacity = guard.settings.resolve(mqguard_unique_name).id_cache_size
+        guard.store.ring_check_and_add(bridge_cache(mqguard_unique_name),
                                        [id_digest(f"{sent[0].message_id}:0")], capacity)
-        with GroupConsumer("g", url_b, unique_name, received, guard):
+        with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
             moved = scan_once(guard)
             assert moved == 5
             assert received.wait(5) == 5
             time.sleep(0.5)
         assert sent[0].message_id not in {m.message_id for m in received.messages}
-        assert drain(url_a, unique_name) == []
+        assert drain(url_a, mqguard_unique_name) == []
         copy = received.messages[0]
         with GuardedProducer(open_adapter(url_b), guard) as producer:
             again = producer.send_message(copy)
         assert not again.sent
-    assert drain(url_b, unique_name, first_s=0.5) == []
+    assert drain(url_b, mqguard_unique_name, first_s=0.5) == []
 
 
 def test_sidecar_hosts_the_redistributor_with_metrics(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
     import urllib.request
 
     from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 
-    url_a, url_b = urls(activemq_pair)
-    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    url_a, url_b = urls(mqguard_activemq_pair)
+    config = make_config(url_a, url_b, mqguard_unique_name, tmp_path, delay=0)
     received = Received()
     with Guard(config) as guard:
-        send_backlog(guard, unique_name, 12)
-        with GroupConsumer("g", url_b, unique_name, received, guard):
+        send_backlog(guard, mqguard_unique_name, 12)
+        with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
             sidecar = Sidecar(config, parse_upstream(url_a), admin=("127.0.0.1", 0),
                               guard=guard, redistribute=["g"])
             with SidecarThread(sidecar) as running:
@@ -202,46 +202,46 @@ def test_sidecar_hosts_the_redistributor_with_metrics(
     line = (f'mqguard_redistributed_total{{group="g",source="{node_name(url_a)}",'
             f'target="{node_name(url_b)}"}} 12.0')
     assert line in metrics
-    assert drain(url_a, unique_name, first_s=0.5) == []
+    assert drain(url_a, mqguard_unique_name, first_s=0.5) == []
 
 
 def test_copies_committed_but_not_recorded_are_found_by_their_marker(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
     """The state a crash between the target's COMMIT and recording the bridge ids leaves:
     the ids pending, the copies and their batch's marker on B. The next attempt finds the
     marker, records the ids and acknowledges the originals; it sends no second copy."""
     from mqguard.redistributor import _marker, marker_queue, pending_cache_name
 
-    url_a, url_b = urls(activemq_pair)
-    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+    url_a, url_b = urls(mqguard_activemq_pair)
+    config = make_config(url_a, url_b, mqguard_unique_name, tmp_path, delay=0)
     received = Received()
     with Guard(config) as guard:
-        sent = send_backlog(guard, unique_name, 6)
-        capacity = guard.settings.resolve(unique_name).id_cache_size
+        sent = send_backlog(guard, mqguard_unique_name, 6)
+        capacity = guard.settings.resolve(mqguard_unique_name).id_cache_size
         bridge_ids = [f"{m.message_id}:0" for m in sent[:2]]
-        guard.store.ring_check_and_add(pending_cache_name(unique_name),
+        guard.store.ring_check_and_add(pending_cache_name(mqguard_unique_name),
                                        [id_digest(b) for b in bridge_ids], capacity)
         node_b = open_adapter(url_b)
         node_b.connect()
         try:
             for message, bridge_id in zip(sent[:2], bridge_ids, strict=True):
-                node_b.send(Redistributor._copy(message, unique_name, node_name(url_a),
+                node_b.send(Redistributor._copy(message, mqguard_unique_name, node_name(url_a),
                                                 bridge_id))
-            node_b.send(_marker(unique_name, bridge_ids))
+            node_b.send(_marker(mqguard_unique_name, bridge_ids))
         finally:
             node_b.close()
-        with GroupConsumer("g", url_b, unique_name, received, guard):
+        with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
             moved = scan_once(guard)
             assert received.wait(6) == 6
             time.sleep(0.5)
         assert moved == 4
         assert sorted(m.message_id for m in received.messages) == sorted(
             m.message_id for m in sent)
-        assert guard.store.ring_contains(bridge_cache(unique_name),
+        assert guard.store.ring_contains(bridge_cache(mqguard_unique_name),
                                          [id_digest(b) for b in bridge_ids]) == [True, True]
-    assert drain(url_a, unique_name) == []
+    assert drain(url_a, mqguard_unique_name) == []
     # Every marker was consumed once all its copies were recorded.
-    assert drain(url_b, marker_queue(unique_name), first_s=0.5) == []
+    assert drain(url_b, marker_queue(mqguard_unique_name), first_s=0.5) == []
     reasons = {e["message_id"]: e["reason"] for e in read_events(tmp_path / "events")
                if e["type"] == REDISTRIBUTED_EVENT}
     assert {reasons[m.message_id] for m in sent[:2]} == {
@@ -258,69 +258,71 @@ def scan_once(guard: Guard) -> int:
 
 
 @pytest.mark.rabbitmq
-def test_one_activemq_and_one_rabbitmq_node(activemq_server: Any, rabbitmq_server: Any,
-                                            tmp_path: Path, unique_name: str) -> None:
+def test_one_activemq_and_one_rabbitmq_node(mqguard_activemq_server: Any,
+                                            mqguard_rabbitmq_server: Any,
+                                            tmp_path: Path, mqguard_unique_name: str) -> None:
     """A mixed group: STRICT spreads over both brokers; redistribution works both ways
     (to ActiveMQ with markers, to RabbitMQ -- no browse, no selectors -- without)."""
     from mqguard.balancing import GroupProducer as Producer
 
-    amq, rabbit = activemq_server.urls["stomp"], rabbitmq_server.urls["stomp"]
-    strict = make_config(amq, rabbit, unique_name, tmp_path, delay=0, mode="STRICT")
+    amq, rabbit = mqguard_activemq_server.urls["stomp"], mqguard_rabbitmq_server.urls["stomp"]
+    strict = make_config(amq, rabbit, mqguard_unique_name, tmp_path, delay=0, mode="STRICT")
     with Producer("g", strict, producer_id="mixed") as producer:
         for i in range(10):
-            producer.send(unique_name, f"s{i}")
-    assert (len(drain(amq, unique_name)), len(drain(rabbit, unique_name))) == (5, 5)
+            producer.send(mqguard_unique_name, f"s{i}")
+    assert (len(drain(amq, mqguard_unique_name)), len(drain(rabbit, mqguard_unique_name))) == (5, 5)
 
     for source, target in ((rabbit, amq), (amq, rabbit)):
-        config = make_config(amq, rabbit, unique_name, tmp_path, delay=0)
+        config = make_config(amq, rabbit, mqguard_unique_name, tmp_path, delay=0)
         group = config.core.groups["g"].model_copy(update={"local": source})
         config = config.model_copy(update={"core": config.core.model_copy(
             update={"groups": {"g": group}})})
         received = Received()
         with Guard(config) as guard:
-            sent = send_backlog(guard, unique_name, 8)
-            with GroupConsumer("g", target, unique_name, received, guard):
+            sent = send_backlog(guard, mqguard_unique_name, 8)
+            with GroupConsumer("g", target, mqguard_unique_name, received, guard):
                 moved = scan_once(guard)
                 assert received.wait(8) == 8
                 time.sleep(0.5)
         assert moved == 8
         assert sorted(m.message_id for m in received.messages) == sorted(
             m.message_id for m in sent)
-        assert drain(source, unique_name, first_s=0.5) == []
-        assert drain(target, unique_name, first_s=0.5) == []
+        assert drain(source, mqguard_unique_name, first_s=0.5) == []
+        assert drain(target, mqguard_unique_name, first_s=0.5) == []
 
 
 @pytest.mark.redis
-def test_redistribute_command_one_pass(activemq_pair: tuple[Any, Any], redis_url: str,
-                                       tmp_path: Path, unique_name: str) -> None:
+def test_redistribute_command_one_pass(mqguard_activemq_pair: tuple[Any, Any],
+                                       mqguard_redis_url: str,
+                                       tmp_path: Path, mqguard_unique_name: str) -> None:
     import json
 
     from click.testing import CliRunner
 
     from mqguard.cli import main
 
-    url_a, url_b = urls(activemq_pair)
+    url_a, url_b = urls(mqguard_activemq_pair)
     toml = tmp_path / "mqguard.toml"
     toml.write_text(
-        f'[mqguard]\nstore = "{redis_url}"\n'
+        f'[mqguard]\nstore = "{mqguard_redis_url}"\n'
         f'[mqguard.event-log]\ndirectory = "{tmp_path / "events"}"\n'
         f'[mqguard.groups.g]\nnodes = ["{url_a}", "{url_b}"]\n'
         'message-load-balancing = "ON_DEMAND"\n'
-        f'[address-settings."{unique_name}"]\nredistribution-delay = 0\n')
+        f'[address-settings."{mqguard_unique_name}"]\nredistribution-delay = 0\n')
     runner = CliRunner()
     no_queues = runner.invoke(main, ["redistribute", "-g", "g", "-c", str(toml)])
     assert no_queues.exit_code == 2 and "no queues" in no_queues.output
     unknown = runner.invoke(main, ["redistribute", "-g", "nope", "-c", str(toml)])
     assert unknown.exit_code == 1 and "no [mqguard.groups.nope]" in unknown.output
-    config = parse_config({"mqguard": {"store": redis_url, "event-log": {"enabled": False},
+    config = parse_config({"mqguard": {"store": mqguard_redis_url, "event-log": {"enabled": False},
                                        "groups": {"g": {"nodes": [url_a, url_b]}}}})
     received = Received()
     with Guard(config) as guard:
         with GroupProducer("g", guard=guard) as producer:  # ON_DEMAND, no consumer: local A
             for i in range(5):
-                producer.send(unique_name, f"m{i}")
-        with GroupConsumer("g", url_b, unique_name, received, guard):
-            result = runner.invoke(main, ["redistribute", "-g", "g", "-q", unique_name,
+                producer.send(mqguard_unique_name, f"m{i}")
+        with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
+            result = runner.invoke(main, ["redistribute", "-g", "g", "-q", mqguard_unique_name,
                                           "-c", str(toml), "--json"])
             assert result.exit_code == 0, result.output
             assert received.wait(5) == 5
@@ -331,20 +333,20 @@ def test_redistribute_command_one_pass(activemq_pair: tuple[Any, Any], redis_url
 
 
 def test_redistribution_stops_when_the_source_gets_a_consumer_again(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
-    url_a, url_b = urls(activemq_pair)
-    config = make_config(url_a, url_b, unique_name, tmp_path, delay=0)
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
+    url_a, url_b = urls(mqguard_activemq_pair)
+    config = make_config(url_a, url_b, mqguard_unique_name, tmp_path, delay=0)
     on_a, on_b = Received(), Received()
     results: list[Any] = []
     with Guard(config) as guard:
-        sent = send_backlog(guard, unique_name, 40)
-        with GroupConsumer("g", url_b, unique_name, on_b, guard):
+        sent = send_backlog(guard, mqguard_unique_name, 40)
+        with GroupConsumer("g", url_b, mqguard_unique_name, on_b, guard):
             redistributor = Redistributor(guard, "g", batch_size=2, pause_ms=150)
             scan = threading.Thread(target=lambda: results.extend(redistributor.scan()))
             scan.start()
             try:
                 assert on_b.wait(2) >= 2
-                with GroupConsumer("g", url_a, unique_name, on_a, guard):
+                with GroupConsumer("g", url_a, mqguard_unique_name, on_a, guard):
                     scan.join(30)
                     assert on_a.wait(40 - len(on_b.messages)) + len(on_b.messages) == 40
             finally:

@@ -66,37 +66,37 @@ def scan_once(guard: Guard) -> int:
     pytest.param({"size": 0, "BRIDGE.#": 0}, FALLBACK_CACHE_SIZE, id="bridge-off-fallback"),
 ])
 def test_bridge_cache_capacity_comes_from_its_own_settings(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str,
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str,
         settings: dict[str, int], capacity: int) -> None:
-    url_a, url_b = (server.urls["stomp"] for server in activemq_pair)
+    url_a, url_b = (server.urls["stomp"] for server in mqguard_activemq_pair)
     extra: dict[str, Any] = {}
     if "BRIDGE.#" in settings:
         extra["BRIDGE.#"] = {"id-cache-size": settings["BRIDGE.#"]}
-    config = make_config([url_a, url_b], unique_name, tmp_path,
+    config = make_config([url_a, url_b], mqguard_unique_name, tmp_path,
                          {"id-cache-size": settings["size"]}, **extra)
     received = Received()
     with Guard(config) as guard:
-        assert guard.settings.resolve(unique_name).id_cache_size == settings["size"]
-        send_backlog(guard, unique_name, 4)
-        with GroupConsumer("g", url_b, unique_name, received, guard):
+        assert guard.settings.resolve(mqguard_unique_name).id_cache_size == settings["size"]
+        send_backlog(guard, mqguard_unique_name, 4)
+        with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
             assert scan_once(guard) == 4
             assert received.wait(4) == 4
-        stats = guard.store.ring_stats(bridge_cache(unique_name))
+        stats = guard.store.ring_stats(bridge_cache(mqguard_unique_name))
     assert stats is not None and stats.capacity == capacity
 
 
 def test_a_reserved_bridge_id_is_not_taken_for_a_copy_at_the_target(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
     """A reservation proves nothing (its copy's transaction may have rolled back): only a
     confirmed bridge id lets the original be acknowledged without a copy."""
-    url_a, url_b = (server.urls["stomp"] for server in activemq_pair)
-    config = make_config([url_a, url_b], unique_name, tmp_path)
+    url_a, url_b = (server.urls["stomp"] for server in mqguard_activemq_pair)
+    config = make_config([url_a, url_b], mqguard_unique_name, tmp_path)
     received = Received()
     with Guard(config) as guard:
-        sent = send_backlog(guard, unique_name, 5)
+        sent = send_backlog(guard, mqguard_unique_name, 5)
         reserved = id_digest(f"{sent[0].message_id}:0")
-        guard.store.ring_reserve(bridge_cache(unique_name), [reserved], 20000, 60_000)
-        with GroupConsumer("g", url_b, unique_name, received, guard):
+        guard.store.ring_reserve(bridge_cache(mqguard_unique_name), [reserved], 20000, 60_000)
+        with GroupConsumer("g", url_b, mqguard_unique_name, received, guard):
             moved = scan_once(guard)
             assert received.wait(5) == 5
             time.sleep(0.5)
@@ -104,32 +104,32 @@ def test_a_reserved_bridge_id_is_not_taken_for_a_copy_at_the_target(
         assert sorted(m.message_id for m in received.messages) == sorted(
             m.message_id for m in sent)
         # The copy reached the target: its id is confirmed now, not left reserved.
-        assert guard.store.ring_lookup(bridge_cache(unique_name), [reserved],
+        assert guard.store.ring_lookup(bridge_cache(mqguard_unique_name), [reserved],
                                        60_000) == [RingOutcome.DUPLICATE]
-    assert drain(url_a, unique_name) == []
+    assert drain(url_a, mqguard_unique_name) == []
 
 
 def test_copies_through_a_sidecar_leave_their_bridge_ids_confirmed(
-        activemq_pair: tuple[Any, Any], tmp_path: Path, unique_name: str) -> None:
+        mqguard_activemq_pair: tuple[Any, Any], tmp_path: Path, mqguard_unique_name: str) -> None:
     """The target node is a sidecar in front of B: the copies and their marker commit in
     one transaction through it. Afterwards every bridge id is confirmed, and a copy sent
     again (a bridge's replay) is dropped even after pending-timeout-ms."""
     from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 
-    url_a, url_b = (server.urls["stomp"] for server in activemq_pair)
-    sidecar_config = make_config([url_b], unique_name, tmp_path / "sidecar")
+    url_a, url_b = (server.urls["stomp"] for server in mqguard_activemq_pair)
+    sidecar_config = make_config([url_b], mqguard_unique_name, tmp_path / "sidecar")
     received = Received()
     with SidecarThread(Sidecar(sidecar_config, parse_upstream(url_b),
                                admin=("127.0.0.1", 0))) as running:
         via_sidecar = f"stomp://127.0.0.1:{running.port}"
-        config = make_config([url_a, via_sidecar], unique_name, tmp_path)
+        config = make_config([url_a, via_sidecar], mqguard_unique_name, tmp_path)
         with Guard(config, store=running.sidecar.guard.store) as guard:
-            sent = send_backlog(guard, unique_name, 6)
-            with GroupConsumer("g", via_sidecar, unique_name, received, guard):
+            sent = send_backlog(guard, mqguard_unique_name, 6)
+            with GroupConsumer("g", via_sidecar, mqguard_unique_name, received, guard):
                 moved = scan_once(guard)
                 assert received.wait(6) == 6
             assert moved >= 1
-            cache = bridge_cache(unique_name)
+            cache = bridge_cache(mqguard_unique_name)
             copied = [m for m in sent if m.message_id in
                       {c.message_id for c in received.messages}]
             digests = [id_digest(f"{m.message_id}:0") for m in copied]
@@ -143,4 +143,4 @@ def test_copies_through_a_sidecar_leave_their_bridge_ids_confirmed(
                 replay.send(received.messages[0])
             finally:
                 replay.close()
-    assert drain(url_b, unique_name, first_s=0.5) == []
+    assert drain(url_b, mqguard_unique_name, first_s=0.5) == []

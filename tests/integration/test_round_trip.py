@@ -73,20 +73,21 @@ def guard(tmp_path: Path) -> Iterator[Guard]:
 
 @pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_round_trip_events_complete(broker_url: str, guard: Guard, tmp_path: Path,
-                                    unique_name: str) -> None:
+                                    mqguard_unique_name: str) -> None:
     count = 25
     collector = Collector(count)
-    with GuardedConsumer(open_adapter(broker_url), unique_name, collector, guard) as consumer:
+    with GuardedConsumer(open_adapter(broker_url), mqguard_unique_name, collector,
+                         guard) as consumer:
         with GuardedProducer(open_adapter(broker_url), guard, producer_id="p-1") as producer:
-            sent = [producer.send(unique_name, f"body-{i}".encode() + b"\x00\xff",
+            sent = [producer.send(mqguard_unique_name, f"body-{i}".encode() + b"\x00\xff",
                                   headers={"app-header": f"v{i}"}).message
                     for i in range(count - 5)]
-            batch = [producer.message(unique_name, f"batch-{i}".encode()) for i in range(5)]
+            batch = [producer.message(mqguard_unique_name, f"batch-{i}".encode()) for i in range(5)]
             producer.send_batch(batch)
             sent += batch
         assert collector.done.wait(20), f"got {len(collector.messages)} of {count}"
         time.sleep(0.3)  # let the last acks reach the broker before the consumer leaves
-        assert consumer.queue == unique_name
+        assert consumer.queue == mqguard_unique_name
     guard.events.flush()
 
     by_id = {m.message_id: m for m in collector.messages}
@@ -106,22 +107,22 @@ def test_round_trip_events_complete(broker_url: str, guard: Guard, tmp_path: Pat
         assert sorted(kinds) == ["acked", "delivered", "sent"], (original.message_id, kinds)
         assert kinds.index("delivered") < kinds.index("acked")
         acked = next(e for e in grouped[original.message_id] if e["type"] == "acked")
-        assert acked["ack_reason"] == "normal" and acked["queue"] == unique_name
+        assert acked["ack_reason"] == "normal" and acked["queue"] == mqguard_unique_name
     totals = Counter(e["type"] for e in read_events(tmp_path / "events"))
     assert totals == {"sent": count, "delivered": count, "acked": count}
 
 
 @pytest.mark.parametrize("broker_url", BROKERS[:2], indirect=True)
 def test_transaction_round_trip(broker_url: str, guard: Guard, tmp_path: Path,
-                                unique_name: str) -> None:
+                                mqguard_unique_name: str) -> None:
     collector = Collector(3)
-    with GuardedConsumer(open_adapter(broker_url), unique_name, collector, guard):
+    with GuardedConsumer(open_adapter(broker_url), mqguard_unique_name, collector, guard):
         with GuardedProducer(open_adapter(broker_url), guard) as producer:
             with producer.transaction() as tx:
                 for i in range(3):
-                    producer.send(unique_name, f"tx-{i}".encode(), transaction=tx)
+                    producer.send(mqguard_unique_name, f"tx-{i}".encode(), transaction=tx)
             with pytest.raises(RuntimeError), producer.transaction() as tx:
-                producer.send(unique_name, b"aborted", transaction=tx)
+                producer.send(mqguard_unique_name, b"aborted", transaction=tx)
                 raise RuntimeError("application failure inside the transaction")
         assert collector.done.wait(20)
         time.sleep(1.0)  # an aborted message would have arrived by now
@@ -134,16 +135,17 @@ def test_transaction_round_trip(broker_url: str, guard: Guard, tmp_path: Path,
 
 @pytest.mark.redis
 @pytest.mark.activemq
-def test_round_trip_with_redis_store(activemq_server: Any, redis_url: str, tmp_path: Path,
-                                     unique_name: str) -> None:
-    url = activemq_server.urls["stomp"]
+def test_round_trip_with_redis_store(mqguard_activemq_server: Any, mqguard_redis_url: str,
+                                     tmp_path: Path,
+                                     mqguard_unique_name: str) -> None:
+    url = mqguard_activemq_server.urls["stomp"]
     collector = Collector(10)
-    with make_guard(tmp_path, store=redis_url) as guard:
+    with make_guard(tmp_path, store=mqguard_redis_url) as guard:
         assert type(guard.store).__name__ == "RedisStore"
-        with GuardedConsumer(open_adapter(url), unique_name, collector, guard), \
+        with GuardedConsumer(open_adapter(url), mqguard_unique_name, collector, guard), \
                 GuardedProducer(open_adapter(url), guard) as producer:
             for i in range(10):
-                producer.send(unique_name, str(i).encode())
+                producer.send(mqguard_unique_name, str(i).encode())
             assert collector.done.wait(20)
             time.sleep(0.2)
     assert sorted(int(m.body) for m in collector.messages) == list(range(10))
@@ -153,11 +155,11 @@ def test_round_trip_with_redis_store(activemq_server: Any, redis_url: str, tmp_p
 
 @pytest.mark.parametrize("broker_url", BROKERS[:2], indirect=True)
 def test_handler_failure_without_plugins_loses_nothing(broker_url: str, tmp_path: Path,
-                                                      unique_name: str) -> None:
+                                                      mqguard_unique_name: str) -> None:
     """No redelivery plugin: RabbitMQ gets a requeueing NACK; ActiveMQ (NACK = poison ack to
     ActiveMQ.DLQ) gets none, the message stays unacknowledged and comes back on reconnect."""
     with make_guard(tmp_path, disabled=("delivery_counting",)) as guard:
-        _handler_failure_without_plugins(broker_url, guard, tmp_path, unique_name)
+        _handler_failure_without_plugins(broker_url, guard, tmp_path, mqguard_unique_name)
 
 
 def _handler_failure_without_plugins(broker_url: str, guard: Guard, tmp_path: Path,
@@ -238,12 +240,12 @@ def wait_for_events(guard: Guard, directory: Path, kind: str, count: int,
 
 @pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_move_verdict_in_the_delivery_callback(broker_url: str, guard: Guard, tmp_path: Path,
-                                               unique_name: str) -> None:
+                                               mqguard_unique_name: str) -> None:
     """A MOVE decided on the adapter's delivery thread: the copy's send cannot wait there, so
     the guard defers move + ack to the adapter's dispatcher thread. The copy arrives with the
     ``_AMQ_ORIG_*`` headers and the original is acknowledged for good."""
     count = 3
-    dla = f"{unique_name}.dla"
+    dla = f"{mqguard_unique_name}.dla"
     mover = MoveEverything(dla)
     guard.plugins.register(mover)
     mqtt = broker_url.startswith("mqtt")
@@ -257,10 +259,11 @@ def test_move_verdict_in_the_delivery_callback(broker_url: str, guard: Guard, tm
     try:
         watcher.subscribe(dla, dead, SubscribeOptions(ack="auto"))
         handled: list[Message] = []
-        with GuardedConsumer(open_adapter(broker_url, **options), unique_name, handled.append,
+        with GuardedConsumer(open_adapter(broker_url, **options), mqguard_unique_name,
+                             handled.append,
                              guard):
             with GuardedProducer(open_adapter(broker_url), guard) as producer:
-                sent = [producer.send(unique_name, f"poison-{i}".encode()).message
+                sent = [producer.send(mqguard_unique_name, f"poison-{i}".encode()).message
                         for i in range(count)]
             copies = dead.wait_for(count, 20)
             assert len(copies) == count, f"{len(copies)} of {count} copies arrived"
@@ -278,8 +281,8 @@ def test_move_verdict_in_the_delivery_callback(broker_url: str, guard: Guard, tm
         copy = by_original[original.message_id]
         assert copy.address == dla
         assert copy.body == original.body
-        assert copy.headers[ORIG_ADDRESS_HEADER] == unique_name
-        assert copy.headers[ORIG_QUEUE_HEADER] == unique_name
+        assert copy.headers[ORIG_ADDRESS_HEADER] == mqguard_unique_name
+        assert copy.headers[ORIG_QUEUE_HEADER] == mqguard_unique_name
         assert copy.headers[MOVE_REASON_HEADER] == "test"
         assert copy.message_id and copy.message_id != original.message_id
 
@@ -296,14 +299,14 @@ def test_move_verdict_in_the_delivery_callback(broker_url: str, guard: Guard, tm
         acked = next(e for e in events if e["type"] == "acked")
         assert moved["target"] == dla and moved["reason"] == "test"
         assert moved["new_message_id"] == by_original[original.message_id].message_id
-        assert acked["ack_reason"] == "killed" and acked["queue"] == unique_name
+        assert acked["ack_reason"] == "killed" and acked["queue"] == mqguard_unique_name
 
     # The originals were acknowledged: a new consumer (MQTT: the same session) gets nothing.
     again = Deliveries()
     probe = open_adapter(broker_url, **options)
     probe.connect()
     try:
-        probe.subscribe(unique_name, again)
+        probe.subscribe(mqguard_unique_name, again)
         time.sleep(1.0)
     finally:
         probe.close()

@@ -78,7 +78,7 @@ class Client(stomp.ConnectionListener):  # type: ignore[misc]
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> tuple[str, Any]:
     kind = request.param
-    return kind, request.getfixturevalue(f"{kind}_server")
+    return kind, request.getfixturevalue(f"mqguard_{kind}_server")
 
 
 def sidecar_config(tmp_path: Path, **address: Any) -> Any:
@@ -123,9 +123,9 @@ def events(tmp_path: Path, proxy: SidecarThread) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_round_trip_keeps_headers_bodies_and_order(proxy: SidecarThread,
                                                    clients: list[Client], tmp_path: Path,
-                                                   unique_name: str) -> None:
+                                                   mqguard_unique_name: str) -> None:
     client = connect(proxy, clients)
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     for i in range(30):
         client.conn.send(queue, f"body-{i}", headers={"app": f"v{i}"}, receipt=f"r{i}")
     wait_for(lambda: len(client.receipts) == 30, 10, "30 receipts")
@@ -147,9 +147,9 @@ def test_round_trip_keeps_headers_bodies_and_order(proxy: SidecarThread,
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_duplicate_send_is_not_routed_but_receipted(proxy: SidecarThread,
                                                     clients: list[Client], tmp_path: Path,
-                                                    unique_name: str) -> None:
+                                                    mqguard_unique_name: str) -> None:
     client = connect(proxy, clients)
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     for i, dup in enumerate(["a", "b", "a", "a", "c"]):
         client.conn.send(queue, f"{dup}-{i}", headers={"_AMQ_DUPL_ID": dup}, receipt=f"r{i}")
     wait_for(lambda: len(client.receipts) == 5, 10, "every receipt, duplicates' too")
@@ -164,8 +164,9 @@ def test_duplicate_send_is_not_routed_but_receipted(proxy: SidecarThread,
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_transaction_with_a_duplicate_fails_and_sends_nothing(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path, unique_name: str) -> None:
-    queue = f"/queue/{unique_name}"
+        proxy: SidecarThread, clients: list[Client], tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    queue = f"/queue/{mqguard_unique_name}"
     first = connect(proxy, clients)
     first.conn.send(queue, "seed", headers={"_AMQ_DUPL_ID": "seen"}, receipt="seed")
     tx = first.conn.begin()
@@ -201,9 +202,10 @@ def test_transaction_with_a_duplicate_fails_and_sends_nothing(
 @pytest.mark.parametrize("proxy", [{"max-delivery-attempts": 3}], indirect=True)
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_poison_message_goes_to_the_dead_letter_address(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, clients: list[Client], tmp_path: Path,
+        mqguard_unique_name: str) -> None:
     client = connect(proxy, clients)
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     client.conn.send(queue, "poison", receipt="p")
     client.conn.send(queue, "healthy", receipt="h")
     client.conn.subscribe(queue, id="s", ack="client-individual")
@@ -223,13 +225,13 @@ def test_poison_message_goes_to_the_dead_letter_address(
                 client.conn.ack(frame.headers["ack"])
         time.sleep(0.02)
     dlq = connect(proxy, clients)
-    dlq.conn.subscribe(f"/queue/DLQ.{unique_name}", id="d", ack="client-individual")
+    dlq.conn.subscribe(f"/queue/DLQ.{mqguard_unique_name}", id="d", ack="client-individual")
     wait_for(lambda: dlq.messages, 15, "the dead letter")
     time.sleep(0.5)
     assert handled.count("poison") == 3, handled  # max-delivery-attempts, then no more
     (dead,) = dlq.messages
     assert dead.body == "poison"
-    assert dead.headers[ORIG_ADDRESS_HEADER] == unique_name
+    assert dead.headers[ORIG_ADDRESS_HEADER] == mqguard_unique_name
     dead_lettered = [e for e in events(tmp_path, proxy) if e["type"] == "dead_lettered"]
     assert len(dead_lettered) == 1
     assert dead.headers[ORIG_MESSAGE_ID_HEADER] == dead_lettered[0]["message_id"]
@@ -237,10 +239,11 @@ def test_poison_message_goes_to_the_dead_letter_address(
 
 @pytest.mark.parametrize("broker", BROKERS[:1], indirect=True)
 def test_expired_message_goes_to_the_expiry_address_activemq(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, clients: list[Client], tmp_path: Path,
+        mqguard_unique_name: str) -> None:
     """At delivery: it expired while waiting in the queue; the client never sees it."""
     client = connect(proxy, clients)
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     client.conn.send(queue, "short", headers={"expires": str(now_ms() + 200)}, receipt="s")
     client.conn.send(queue, "long", headers={"expires": str(now_ms() + 60_000)}, receipt="l")
     client.conn.send(queue, "none", receipt="n")
@@ -249,28 +252,28 @@ def test_expired_message_goes_to_the_expiry_address_activemq(
     client.conn.subscribe(queue, id="s", ack="client-individual")
     wait_for(lambda: len(client.messages) == 2, 10, "the unexpired")
     assert client.bodies() == ["long", "none"]
-    check_expiry_copy(proxy, clients, unique_name)
+    check_expiry_copy(proxy, clients, mqguard_unique_name)
 
 
 @pytest.mark.parametrize("broker", BROKERS[1:], indirect=True)
 def test_expired_message_goes_to_the_expiry_address_rabbitmq(
         proxy: SidecarThread, clients: list[Client], broker: tuple[str, Any],
-        unique_name: str) -> None:
+        mqguard_unique_name: str) -> None:
     """At rest: RabbitMQ expires it (native TTL, dead-lettered by a policy); the sidecar's
     reaper routes it on to the expiry address."""
     client = connect(proxy, clients)
     # The holding queue must exist before RabbitMQ dead-letters into it.
     client.conn.subscribe(f"/queue/{DEFAULT_HOLDING_QUEUE}", id="h", ack="client-individual")
     client.conn.unsubscribe("h")
-    rabbitmqctl(broker[1], "set_policy", "--apply-to", "queues", f"exp-{unique_name}",
-                f"^{unique_name}$", json.dumps({"dead-letter-exchange": "",
+    rabbitmqctl(broker[1], "set_policy", "--apply-to", "queues", f"exp-{mqguard_unique_name}",
+                f"^{mqguard_unique_name}$", json.dumps({"dead-letter-exchange": "",
                                                 "dead-letter-routing-key":
                                                     DEFAULT_HOLDING_QUEUE}))
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     client.conn.send(queue, "short", headers={"expires": str(now_ms() + 200)}, receipt="s")
     client.conn.send(queue, "none", receipt="n")
     wait_for(lambda: len(client.receipts) == 2, 10, "receipts")
-    check_expiry_copy(proxy, clients, unique_name)
+    check_expiry_copy(proxy, clients, mqguard_unique_name)
     client.conn.subscribe(queue, id="s", ack="client-individual")
     wait_for(lambda: client.messages, 10, "the unexpired one")
     time.sleep(0.3)
@@ -290,11 +293,11 @@ def check_expiry_copy(proxy: SidecarThread, clients: list[Client], queue: str) -
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_duplicate_delivery_is_suppressed(proxy: SidecarThread, clients: list[Client],
-                                          tmp_path: Path, unique_name: str) -> None:
+                                          tmp_path: Path, mqguard_unique_name: str) -> None:
     """The same producer sequence twice (a producer's resend after a failover, say):
     the consumer audit hands it to the client once and acknowledges the copy."""
     client = connect(proxy, clients)
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     stamp = {"mqguard-producer": "failover-producer"}
     for seq, body in [(1, "one"), (2, "two"), (2, "two-again"), (3, "three")]:
         client.conn.send(queue, body, headers={**stamp, "mqguard-seq": str(seq)},
@@ -316,9 +319,10 @@ def test_duplicate_delivery_is_suppressed(proxy: SidecarThread, clients: list[Cl
 
 @pytest.mark.parametrize("broker", BROKERS[:1], indirect=True)
 def test_admin_port_serves_health_and_metrics(proxy: SidecarThread,
-                                              clients: list[Client], unique_name: str) -> None:
+                                              clients: list[Client],
+                                              mqguard_unique_name: str) -> None:
     client = connect(proxy, clients)
-    client.conn.send(f"/queue/{unique_name}", "x", receipt="x")
+    client.conn.send(f"/queue/{mqguard_unique_name}", "x", receipt="x")
     wait_for(lambda: client.receipts, 10, "receipt")
     base = f"http://127.0.0.1:{proxy.admin_port}"
     health = json.loads(urllib.request.urlopen(f"{base}/health", timeout=5).read())
@@ -331,7 +335,7 @@ def test_admin_port_serves_health_and_metrics(proxy: SidecarThread,
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_heart_beats_flow_through_both_legs(proxy: SidecarThread, clients: list[Client],
-                                            unique_name: str) -> None:
+                                            mqguard_unique_name: str) -> None:
     """Negotiated end to end (the CONNECT's heart-beat header passes through): an idle
     client stays connected for many intervals because beats flow both ways."""
     client = connect(proxy, clients)
@@ -340,7 +344,7 @@ def test_heart_beats_flow_through_both_legs(proxy: SidecarThread, clients: list[
     client.on_heartbeat_timeout = lambda: disconnects.append("timeout")  # type: ignore[method-assign]
     time.sleep(4.0)  # four 1 s intervals without a frame
     assert disconnects == [] and client.conn.is_connected()
-    client.conn.send(f"/queue/{unique_name}", "after-idle", receipt="r")
+    client.conn.send(f"/queue/{mqguard_unique_name}", "after-idle", receipt="r")
     wait_for(lambda: client.receipts == ["r"], 10, "receipt after the idle time")
 
 
@@ -354,7 +358,8 @@ def make_certificate(directory: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("broker", BROKERS[:1], indirect=True)
-def test_tls_on_both_legs(broker: tuple[str, Any], tmp_path: Path, unique_name: str) -> None:
+def test_tls_on_both_legs(broker: tuple[str, Any], tmp_path: Path,
+                          mqguard_unique_name: str) -> None:
     """Client --TLS--> sidecar A --> broker, and client --> sidecar B --TLS--> sidecar A:
     the client leg and the upstream leg over TLS, certificates verified."""
     cert, key = make_certificate(tmp_path)
@@ -371,12 +376,12 @@ def test_tls_on_both_legs(broker: tuple[str, Any], tmp_path: Path, unique_name: 
         listener.on_message = lambda frame: got.append(frame.body)  # type: ignore[method-assign]
         conn.set_listener("l", listener)
         conn.connect("guest", "guest", wait=True)
-        conn.subscribe(f"/queue/{unique_name}", id="s", ack="auto")
+        conn.subscribe(f"/queue/{mqguard_unique_name}", id="s", ack="auto")
         chained = Sidecar(config, parse_upstream(f"stomp+ssl://127.0.0.1:{tls_proxy.port}",
                                                  cafile=str(cert)))
         with SidecarThread(chained) as plain_proxy:
             sender = Client(plain_proxy.port)
-            sender.conn.send(f"/queue/{unique_name}", "over TLS", receipt="t")
+            sender.conn.send(f"/queue/{mqguard_unique_name}", "over TLS", receipt="t")
             wait_for(lambda: sender.receipts == ["t"], 10, "receipt through both sidecars")
             wait_for(lambda: got == ["over TLS"], 10, "the message over TLS")
             sender.close()
@@ -389,12 +394,13 @@ def test_tls_on_both_legs(broker: tuple[str, Any], tmp_path: Path, unique_name: 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_disconnect_right_after_sends_loses_no_confirmation(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, clients: list[Client], tmp_path: Path,
+        mqguard_unique_name: str) -> None:
     """DISCONNECT straight after 50 unconfirmed SENDs: the sidecar holds it until the broker
     confirmed them (RabbitMQ may answer a DISCONNECT first), so every send is recorded as
     sent, none as an unknown outcome."""
     client = connect(proxy, clients)
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     for i in range(50):
         client.conn.send(queue, f"m{i}")
     client.conn.disconnect(receipt="bye")
@@ -407,7 +413,7 @@ def test_disconnect_right_after_sends_loses_no_confirmation(
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_confirmed_sends_recorded_and_session_end_closes_everything(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path, unique_name: str,
+        proxy: SidecarThread, clients: list[Client], tmp_path: Path, mqguard_unique_name: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The "sent" bookkeeping runs after the client's RECEIPTs are written (one batch per
     broker read): every confirmed SEND still gets its event. And a session leaves no
@@ -425,7 +431,7 @@ def test_confirmed_sends_recorded_and_session_end_closes_everything(
 
     monkeypatch.setattr(QuickAck, "of", classmethod(recording))
     client = connect(proxy, clients)
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     for i in range(40):
         client.conn.send(queue, f"m-{i}", receipt=f"r{i}")
     wait_for(lambda: len(client.receipts) == 40, 10, "40 receipts")

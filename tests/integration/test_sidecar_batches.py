@@ -48,7 +48,7 @@ def session_ended_at_r2(port: int, data: bytes) -> list[Any]:
 
 @pytest.fixture
 def proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SidecarThread]:
-    handle = request.getfixturevalue(f"{request.param}_server")
+    handle = request.getfixturevalue(f"mqguard_{request.param}_server")
     config = parse_config({"mqguard": {
         "node-id": "batch-test",
         "event-log": {"directory": str(tmp_path / "events"), "flush-interval-ms": 20}}})
@@ -110,19 +110,19 @@ def event_types(proxy: SidecarThread, tmp_path: Path) -> Counter[str]:
 
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_duplicates_inside_one_batch_are_dropped_and_receipted_in_order(
-        proxy: SidecarThread, tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, tmp_path: Path, mqguard_unique_name: str) -> None:
     wire = Wire(proxy.port)
-    wire.sock.sendall(send(unique_name, "seed", "seen", "r-seed"))
+    wire.sock.sendall(send(mqguard_unique_name, "seed", "seen", "r-seed"))
     wire.until(lambda got: any(f.get("receipt-id") == "r-seed" for f in got))
     dups = ["a", "b", "a", "seen", "c", "b", "d"]
-    wire.sock.sendall(b"".join(send(unique_name, f"{dup}-{i}", dup, f"r{i}")
+    wire.sock.sendall(b"".join(send(mqguard_unique_name, f"{dup}-{i}", dup, f"r{i}")
                                for i, dup in enumerate(dups)))
     got = wire.until(lambda got: sum(f.command == "RECEIPT" for f in got) == len(dups) + 1)
     wire.close()
     assert [f.get("receipt-id") for f in got if f.command == "RECEIPT"] == (
         ["r-seed"] + [f"r{i}" for i in range(len(dups))])
     assert not [f for f in got if f.command == "ERROR"]
-    assert drain(proxy.port, unique_name, 5) == ["seed", "a-0", "b-1", "c-4", "d-6"]
+    assert drain(proxy.port, mqguard_unique_name, 5) == ["seed", "a-0", "b-1", "c-4", "d-6"]
     totals = event_types(proxy, tmp_path)
     assert totals["duplicate_rejected"] == 3
     assert totals["sent"] == 5 and totals["delivered"] == 5
@@ -130,15 +130,15 @@ def test_duplicates_inside_one_batch_are_dropped_and_receipted_in_order(
 
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_a_send_rejected_by_before_send_ends_the_batch_and_the_session(
-        proxy: SidecarThread, tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, tmp_path: Path, mqguard_unique_name: str) -> None:
     """An over-long duplicate id is refused by before_send itself: nothing after it is
     decided, so the id of the SEND behind it was never reserved."""
     wire = Wire(proxy.port)
     too_long = "x" * 5000  # over the plugin's 4096, under the header-line limit
-    wire.sock.sendall(send(unique_name, "one", "id-1", "r1")
-                      + send(unique_name, "two", "id-2", "r2")
-                      + send(unique_name, "bad", too_long, "r3")
-                      + send(unique_name, "after", "id-4", "r4"))
+    wire.sock.sendall(send(mqguard_unique_name, "one", "id-1", "r1")
+                      + send(mqguard_unique_name, "two", "id-2", "r2")
+                      + send(mqguard_unique_name, "bad", too_long, "r3")
+                      + send(mqguard_unique_name, "after", "id-4", "r4"))
     got = wire.until(lambda got: any(f.command == "ERROR" for f in got))
     wire.until(lambda got: False, timeout=2)  # then the sidecar closes the connection
     assert wire.closed
@@ -147,33 +147,33 @@ def test_a_send_rejected_by_before_send_ends_the_batch_and_the_session(
     assert "message rejected" in (got[-1].get("message") or "")
     # The SEND after the rejected one may go again (its id is free) and is routed.
     again = Wire(proxy.port)
-    again.sock.sendall(send(unique_name, "after-again", "id-4", "r5"))
+    again.sock.sendall(send(mqguard_unique_name, "after-again", "id-4", "r5"))
     again.until(lambda got: any(f.get("receipt-id") == "r5" for f in got))
     again.close()
-    assert drain(proxy.port, unique_name, 3) == ["one", "two", "after-again"]
+    assert drain(proxy.port, mqguard_unique_name, 3) == ["one", "two", "after-again"]
 
 
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_a_send_rejected_by_the_batch_check_releases_the_ids_after_it(
-        proxy: SidecarThread, tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, tmp_path: Path, mqguard_unique_name: str) -> None:
     """An id reserved by another (unconfirmed) sender is refused by before_send_batch,
     after the ids of the whole batch were reserved: those of the SENDs after the refused
     one are released (they were never forwarded), so a retry of them is accepted."""
     guard = proxy.sidecar.guard
-    capacity = guard.settings.resolve(unique_name).id_cache_size
+    capacity = guard.settings.resolve(mqguard_unique_name).id_cache_size
     pending_ms = 60_000
-    assert guard.store.ring_reserve(unique_name, [id_digest("held")], capacity,
+    assert guard.store.ring_reserve(mqguard_unique_name, [id_digest("held")], capacity,
                                     pending_ms) == [RingOutcome.NEW]
-    got = session_ended_at_r2(proxy.port, send(unique_name, "one", "id-1", "r1")
-                      + send(unique_name, "held", "held", "r2")
-                      + send(unique_name, "after", "id-3", "r3"))
+    got = session_ended_at_r2(proxy.port, send(mqguard_unique_name, "one", "id-1", "r1")
+                      + send(mqguard_unique_name, "held", "held", "r2")
+                      + send(mqguard_unique_name, "after", "id-3", "r3"))
     assert "DUPLICATE_ID_IN_FLIGHT" in (got[-1].get("message") or "")
     again = Wire(proxy.port)
-    again.sock.sendall(send(unique_name, "after-again", "id-3", "r4"))
+    again.sock.sendall(send(mqguard_unique_name, "after-again", "id-3", "r4"))
     got = again.until(lambda got: any(f.get("receipt-id") == "r4" for f in got))
     again.close()
     assert not [f for f in got if f.command == "ERROR"]
-    assert drain(proxy.port, unique_name, 2) == ["one", "after-again"]
+    assert drain(proxy.port, mqguard_unique_name, 2) == ["one", "after-again"]
     totals = event_types(proxy, tmp_path)
     assert totals["send_failed"] == 1  # "after": decided, reserved, never forwarded
     assert totals["sent"] == 2
@@ -181,36 +181,36 @@ def test_a_send_rejected_by_the_batch_check_releases_the_ids_after_it(
 
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_a_send_that_cannot_be_forwarded_releases_its_id_and_those_after_it(
-        proxy: SidecarThread, tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, tmp_path: Path, mqguard_unique_name: str) -> None:
     """A SEND whose header STOMP reserves (``message-id``) passes the guard, is reserved
     with the batch, and fails when it is encoded for the broker: the session ends there,
     and its id and the ids behind it are free again."""
-    bad = (f"SEND\ndestination:/queue/{unique_name}\n_AMQ_DUPL_ID:id-2\nmessage-id:x\n"
+    bad = (f"SEND\ndestination:/queue/{mqguard_unique_name}\n_AMQ_DUPL_ID:id-2\nmessage-id:x\n"
            f"receipt:r2\n\nbad\0").encode()
-    got = session_ended_at_r2(proxy.port, send(unique_name, "one", "id-1", "r1") + bad
-                      + send(unique_name, "after", "id-3", "r3"))
+    got = session_ended_at_r2(proxy.port, send(mqguard_unique_name, "one", "id-1", "r1") + bad
+                      + send(mqguard_unique_name, "after", "id-3", "r3"))
     assert "reserved" in (got[-1].get("message") or "")
     again = Wire(proxy.port)
-    again.sock.sendall(send(unique_name, "two-again", "id-2", "r4")
-                       + send(unique_name, "after-again", "id-3", "r5"))
+    again.sock.sendall(send(mqguard_unique_name, "two-again", "id-2", "r4")
+                       + send(mqguard_unique_name, "after-again", "id-3", "r5"))
     got = again.until(lambda got: sum(f.command == "RECEIPT" for f in got) == 2)
     again.close()
     assert not [f for f in got if f.command == "ERROR"]
-    assert drain(proxy.port, unique_name, 3) == ["one", "two-again", "after-again"]
+    assert drain(proxy.port, mqguard_unique_name, 3) == ["one", "two-again", "after-again"]
     assert event_types(proxy, tmp_path)["send_failed"] == 2
 
 
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_messages_and_acks_of_one_read_are_guarded_as_a_batch(
-        proxy: SidecarThread, tmp_path: Path, unique_name: str) -> None:
+        proxy: SidecarThread, tmp_path: Path, mqguard_unique_name: str) -> None:
     """Many MESSAGEs per broker read and all their ACKs in one client read: each delivery
     is handed on, acknowledged and recorded exactly once; a second copy of one send (same
     producer and sequence, another id) is suppressed while the first is unacknowledged."""
     count = 40
     frames = [
-        (f"SEND\ndestination:/queue/{unique_name}\nmqguard-id:m{i}\nmqguard-producer:P\n"
+        (f"SEND\ndestination:/queue/{mqguard_unique_name}\nmqguard-id:m{i}\nmqguard-producer:P\n"
          f"mqguard-seq:{i}\nreceipt:s{i}\n\nbody-{i}\0").encode() for i in range(count)]
-    frames.append((f"SEND\ndestination:/queue/{unique_name}\nmqguard-id:copy-of-m3\n"
+    frames.append((f"SEND\ndestination:/queue/{mqguard_unique_name}\nmqguard-id:copy-of-m3\n"
                    f"mqguard-producer:P\nmqguard-seq:3\nreceipt:s-copy\n\ncopy\0").encode())
     sender = Wire(proxy.port)
     sender.sock.sendall(b"".join(frames))
@@ -218,7 +218,7 @@ def test_messages_and_acks_of_one_read_are_guarded_as_a_batch(
     sender.close()
     consumer = Wire(proxy.port)
     consumer.sock.sendall(
-        f"SUBSCRIBE\nid:c\ndestination:/queue/{unique_name}\nack:client-individual\n"
+        f"SUBSCRIBE\nid:c\ndestination:/queue/{mqguard_unique_name}\nack:client-individual\n"
         "activemq.prefetchSize:100\nprefetch-count:100\n\n\0".encode())
     consumer.until(lambda got: sum(f.command == "MESSAGE" for f in got) >= count)
     consumer.until(lambda got: False, timeout=0.5)  # the copy must not come
@@ -229,7 +229,7 @@ def test_messages_and_acks_of_one_read_are_guarded_as_a_batch(
     consumer.sock.sendall(b"DISCONNECT\nreceipt:bye\n\n\0")
     consumer.until(lambda got: any(f.get("receipt-id") == "bye" for f in got))
     consumer.close()
-    assert drain(proxy.port, unique_name, 0) == []  # every ACK reached the broker
+    assert drain(proxy.port, mqguard_unique_name, 0) == []  # every ACK reached the broker
     proxy.sidecar.guard.events.flush()
     events = list(read_events(tmp_path / "events"))
     per_type = Counter(e["type"] for e in events)

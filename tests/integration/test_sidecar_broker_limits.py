@@ -65,7 +65,7 @@ def sidecar_config(tmp_path: Path, max_headers: int = MAX_HEADERS) -> MqguardCon
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> tuple[str, ServerHandle]:
     kind = request.param
-    return kind, request.getfixturevalue(f"{kind}_server")
+    return kind, request.getfixturevalue(f"mqguard_{kind}_server")
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ CLIENTS = 150
 
 @pytest.fixture
 def broker_url(request: pytest.FixtureRequest) -> str:
-    server: ServerHandle = request.getfixturevalue(f"{request.param}_server")
+    server: ServerHandle = request.getfixturevalue(f"mqguard_{request.param}_server")
     return server.urls["stomp"]
 
 
@@ -90,7 +90,7 @@ def connect_and_hold(port: int, results: list[str], index: int,
 @pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS,
                          indirect=["broker_url"])
 def test_low_descriptor_limit_every_client_gets_a_frame(
-        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+        broker_url: str, event_loop: str, tmp_path: Path, mqguard_unique_name: str) -> None:
     with SidecarProcess(broker_url, tmp_path, event_loop=event_loop,
                         sidecar={"connect-timeout-ms": 20_000, "drain-timeout-ms": 1000},
                         nofile=(NOFILE, NOFILE)) as sidecar:
@@ -110,7 +110,7 @@ def test_low_descriptor_limit_every_client_gets_a_frame(
             thread.join(40)
         # Once they have gone, the sidecar serves again.
         time.sleep(0.5)
-        healthy_round_trip(sidecar.port, f"/queue/{unique_name}")
+        healthy_round_trip(sidecar.port, f"/queue/{mqguard_unique_name}")
         assert sidecar.stop() == 0
         log = sidecar.log()
     connected = results.count("connected")
@@ -127,9 +127,9 @@ def test_low_descriptor_limit_every_client_gets_a_frame(
 
 
 @pytest.mark.activemq
-def test_soft_descriptor_limit_is_raised_to_the_hard_one(activemq_server: ServerHandle,
+def test_soft_descriptor_limit_is_raised_to_the_hard_one(mqguard_activemq_server: ServerHandle,
                                                          tmp_path: Path) -> None:
-    with SidecarProcess(activemq_server.urls["stomp"], tmp_path,
+    with SidecarProcess(mqguard_activemq_server.urls["stomp"], tmp_path,
                         nofile=(256, 4096)) as sidecar:
         limits = sidecar.nofile_limits()
         healthy_round_trip(sidecar.port, "/queue/mqg-fd-limit-raised")
@@ -171,7 +171,7 @@ def _limit_open_files() -> None:
 @pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS[:2],
                          indirect=["broker_url"])
 def test_out_of_descriptors_at_accept_the_client_still_gets_an_error(
-        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+        broker_url: str, event_loop: str, tmp_path: Path, mqguard_unique_name: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", _EXHAUSTED_SIDECAR, broker_url, event_loop,
          str(tmp_path / "events")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -204,7 +204,7 @@ def test_out_of_descriptors_at_accept_the_client_still_gets_an_error(
         proc.stdin.write("all\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "freed"
-        healthy_round_trip(port, f"/queue/{unique_name}")
+        healthy_round_trip(port, f"/queue/{mqguard_unique_name}")
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.wait(30) == 0

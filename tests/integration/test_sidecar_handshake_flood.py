@@ -43,7 +43,7 @@ BROKERS_AND_LOOPS = [
 
 @pytest.fixture
 def broker_url(request: pytest.FixtureRequest) -> str:
-    server: ServerHandle = request.getfixturevalue(f"{request.param}_server")
+    server: ServerHandle = request.getfixturevalue(f"mqguard_{request.param}_server")
     return server.urls["stomp"]
 
 
@@ -115,14 +115,14 @@ class IdleFlood:
 @pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS,
                          indirect=["broker_url"])
 def test_idle_connection_flood_does_not_starve_clients(
-        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+        broker_url: str, event_loop: str, tmp_path: Path, mqguard_unique_name: str) -> None:
     settings: dict[str, object] = {
         "max-connections": 96, "max-pending-handshakes": 32,
         # Far longer than the flood: only the handshake budget can make room.
         "connect-timeout-ms": 60_000, "drain-timeout-ms": 1000}
     with SidecarProcess(broker_url, tmp_path, event_loop=event_loop,
                         sidecar=settings) as sidecar:
-        steady = HealthyClient(sidecar.port, f"/queue/{unique_name}-steady", interval=0.02)
+        steady = HealthyClient(sidecar.port, f"/queue/{mqguard_unique_name}-steady", interval=0.02)
         failures: list[str] = []
         round_trips = 0
         try:
@@ -133,7 +133,7 @@ def test_idle_connection_flood_does_not_starve_clients(
                 deadline = time.monotonic() + FLOOD_SECONDS
                 while time.monotonic() < deadline:
                     try:
-                        healthy_round_trip(sidecar.port, f"/queue/{unique_name}-rt")
+                        healthy_round_trip(sidecar.port, f"/queue/{mqguard_unique_name}-rt")
                         round_trips += 1
                     except (AssertionError, OSError) as exc:
                         failures.append(f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -164,11 +164,11 @@ CHUNK = 256 * 1024
 @pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS,
                          indirect=["broker_url"])
 def test_unfinished_connects_are_cut_at_the_handshake_limit(
-        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+        broker_url: str, event_loop: str, tmp_path: Path, mqguard_unique_name: str) -> None:
     # Default limits (max-frame-bytes 16 MiB); a connect timeout longer than the test.
     with SidecarProcess(broker_url, tmp_path, event_loop=event_loop,
                         sidecar={"connect-timeout-ms": 60_000}) as sidecar:
-        queue = f"/queue/{unique_name}"
+        queue = f"/queue/{mqguard_unique_name}"
         healthy_round_trip(sidecar.port, queue)
         baseline = sidecar.rss_mib()
         # One CONNECT a little over the limit, then the client waits: it gets an ERROR.
@@ -238,10 +238,10 @@ def unfinished_sends(port: int, queue: str) -> None:
 @pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS,
                          indirect=["broker_url"])
 def test_resident_memory_comes_back_when_sessions_end(
-        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+        broker_url: str, event_loop: str, tmp_path: Path, mqguard_unique_name: str) -> None:
     """The sidecar as ``mqguard sidecar`` runs it (raised collector threshold): twice 20
     sessions end in the middle of a 12 MiB SEND; what they held is returned at once."""
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     with SidecarProcess(broker_url, tmp_path, event_loop=event_loop,
                         sidecar={"drain-timeout-ms": 500}) as sidecar:
         for _ in range(5):
@@ -276,12 +276,12 @@ def collector_off() -> Iterator[None]:
 @pytest.mark.parametrize("broker_url,event_loop", BROKERS_AND_LOOPS,
                          indirect=["broker_url"])
 def test_ended_sessions_are_freed_without_the_cyclic_collector(
-        broker_url: str, event_loop: str, tmp_path: Path, unique_name: str) -> None:
+        broker_url: str, event_loop: str, tmp_path: Path, mqguard_unique_name: str) -> None:
     config = parse_config({"mqguard": {
         "node-id": "handshake-flood-test", "message-expiry-scan-period": -1,
         "event-log": {"directory": str(tmp_path / "events")},
         "sidecar": {"connect-timeout-ms": 500, "drain-timeout-ms": 500}}})
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     with SidecarThread(Sidecar(config, parse_upstream(broker_url)),
                        event_loop=event_loop) as proxy:
         sidecar = proxy.sidecar

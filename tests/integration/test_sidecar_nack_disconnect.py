@@ -79,15 +79,15 @@ def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.fixture
-def proxy(request: pytest.FixtureRequest, tmp_path: Path, unique_name: str
+def proxy(request: pytest.FixtureRequest, tmp_path: Path, mqguard_unique_name: str
           ) -> Iterator[tuple[str, SidecarThread]]:
     kind = request.param
     config = parse_config({
         "mqguard": {"node-id": "nack-disconnect",
                     "event-log": {"directory": str(tmp_path / "events"),
                                   "flush-interval-ms": 20}},
-        "address-settings": _settings(unique_name)})
-    server = request.getfixturevalue(f"{kind}_server")
+        "address-settings": _settings(mqguard_unique_name)})
+    server = request.getfixturevalue(f"mqguard_{kind}_server")
     sidecar = Sidecar(config, parse_upstream(server.urls["stomp"]), admin=("127.0.0.1", 0))
     with SidecarThread(sidecar) as running:
         yield kind, running
@@ -111,10 +111,10 @@ class Client(stomp.ConnectionListener):  # type: ignore[misc]
 @pytest.mark.parametrize("proxy", BROKERS, indirect=True)
 def test_sidecar_nack_then_disconnect(
         proxy: tuple[str, SidecarThread], caplog: pytest.LogCaptureFixture, tmp_path: Path,
-        unique_name: str) -> None:
+        mqguard_unique_name: str) -> None:
     caplog.set_level(logging.INFO, logger="mqguard")
     kind, running = proxy
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     nacked_at: list[float] = []
     arrived_at: list[float] = []
     for n in range(ROUNDS + 1):
@@ -168,18 +168,18 @@ class _Consumer(GuardedConsumer):
 @pytest.mark.parametrize("kind", BROKERS)
 def test_wrapper_close_right_after_a_failure(
         kind: str, store: str, request: pytest.FixtureRequest,
-        caplog: pytest.LogCaptureFixture, tmp_path: Path, unique_name: str) -> None:
+        caplog: pytest.LogCaptureFixture, tmp_path: Path, mqguard_unique_name: str) -> None:
     caplog.set_level(logging.INFO, logger="mqguard")
-    url = request.getfixturevalue(f"{kind}_server").urls["stomp"]
-    store_url = request.getfixturevalue("redis_url") if store == "redis" else "memory"
+    url = request.getfixturevalue(f"mqguard_{kind}_server").urls["stomp"]
+    store_url = request.getfixturevalue("mqguard_redis_url") if store == "redis" else "memory"
     guard = Guard(parse_config({
         "mqguard": {"node-id": "close-after-failure", "store": store_url,
                     "event-log": {"directory": str(tmp_path / "events"),
                                   "flush-interval-ms": 20}},
-        "address-settings": _settings(unique_name)})).start()
+        "address-settings": _settings(mqguard_unique_name)})).start()
     try:
         with GuardedProducer(open_adapter(url), guard) as producer:
-            producer.send(unique_name, b"retry me")
+            producer.send(mqguard_unique_name, b"retry me")
         failed_at: list[float] = []
         arrived_at: list[float] = []
         for n in range(ROUNDS + 1):
@@ -192,7 +192,7 @@ def test_wrapper_close_right_after_a_failure(
                     failed_at.append(time.monotonic())
                     raise Nack(f"round {n} fails")
 
-            consumer = _Consumer(open_adapter(url), unique_name, handler, guard)
+            consumer = _Consumer(open_adapter(url), mqguard_unique_name, handler, guard)
             with consumer:
                 wait_for(consumer.handled.is_set, DELAY_MS / 1000 + 10, f"delivery {n + 1}")
                 # Closed as soon as the guard is done with the delivery: nothing waits here.
@@ -222,12 +222,12 @@ def _read_frame(sock: socket.socket, buffer: bytearray) -> bytes:
 @pytest.mark.parametrize("proxy", BROKERS[:1], indirect=True)
 def test_sidecar_nack_then_connection_closed_keeps_the_delay_activemq(
         proxy: tuple[str, SidecarThread], caplog: pytest.LogCaptureFixture,
-        unique_name: str) -> None:
+        mqguard_unique_name: str) -> None:
     """No DISCONNECT at all: the client's socket closes right behind its NACK. The
     sidecar's own DISCONNECT to the broker waits for the delayed re-send too."""
     caplog.set_level(logging.INFO, logger="mqguard")
     _, running = proxy
-    queue = f"/queue/{unique_name}"
+    queue = f"/queue/{mqguard_unique_name}"
     with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
         buffer = bytearray()
         sock.sendall(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\0")
@@ -258,20 +258,20 @@ def test_sidecar_nack_then_connection_closed_keeps_the_delay_activemq(
 @pytest.mark.parametrize("kind", BROKERS)
 def test_wrapper_close_while_the_handler_fails(
         kind: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture,
-        tmp_path: Path, unique_name: str) -> None:
+        tmp_path: Path, mqguard_unique_name: str) -> None:
     """The consumer is closed while its handler is still running, and the handler then
     fails: the close waits for the handler, so its failure is handled as any other (on
     ActiveMQ the delayed re-send and the original's ACK go out before the UNSUBSCRIBE)."""
     caplog.set_level(logging.INFO, logger="mqguard")
-    url = request.getfixturevalue(f"{kind}_server").urls["stomp"]
+    url = request.getfixturevalue(f"mqguard_{kind}_server").urls["stomp"]
     guard = Guard(parse_config({
         "mqguard": {"node-id": "close-while-failing",
                     "event-log": {"directory": str(tmp_path / "events"),
                                   "flush-interval-ms": 20}},
-        "address-settings": _settings(unique_name)})).start()
+        "address-settings": _settings(mqguard_unique_name)})).start()
     try:
         with GuardedProducer(open_adapter(url), guard) as producer:
-            producer.send(unique_name, b"retry me")
+            producer.send(mqguard_unique_name, b"retry me")
         running = threading.Event()
         failed_at: list[float] = []
 
@@ -281,11 +281,11 @@ def test_wrapper_close_while_the_handler_fails(
             failed_at.append(time.monotonic())
             raise Nack("fails while the consumer closes")
 
-        with GuardedConsumer(open_adapter(url), unique_name, slow_failure, guard):
+        with GuardedConsumer(open_adapter(url), mqguard_unique_name, slow_failure, guard):
             wait_for(running.is_set, 10, "the first delivery")
         assert failed_at, "the close returned before the handler"
         again: list[tuple[float, int]] = []
-        with GuardedConsumer(open_adapter(url), unique_name,
+        with GuardedConsumer(open_adapter(url), mqguard_unique_name,
                              lambda m: again.append((time.monotonic(), m.delivery_count)),
                              guard):
             wait_for(lambda: again, DELAY_MS / 1000 + 10, "the redelivery")

@@ -77,7 +77,7 @@ EVENT_LOOP_OF = {"activemq": "asyncio", "rabbitmq": "uvloop"}
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> tuple[str, ServerHandle]:
     kind = request.param
-    return kind, request.getfixturevalue(f"{kind}_server")
+    return kind, request.getfixturevalue(f"mqguard_{kind}_server")
 
 
 @pytest.fixture
@@ -120,8 +120,8 @@ def sessions(proxy: SidecarThread) -> int:
 
 
 @pytest.fixture
-def healthy(proxy: SidecarThread, unique_name: str) -> Iterator[HealthyClient]:
-    client = HealthyClient(proxy.port, f"/queue/{unique_name}-healthy")
+def healthy(proxy: SidecarThread, mqguard_unique_name: str) -> Iterator[HealthyClient]:
+    client = HealthyClient(proxy.port, f"/queue/{mqguard_unique_name}-healthy")
     yield client
     client.stop()
     if client.conn.is_connected():
@@ -228,8 +228,8 @@ def check_bad_connection(port: int, case: Case) -> str | None:
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_malformed_frames_get_an_error_and_a_close_the_others_are_served(
         proxy: SidecarThread, healthy: HealthyClient, sidecar_log: pytest.LogCaptureFixture,
-        unique_name: str) -> None:
-    bad_queue = f"/queue/{unique_name}-bad"
+        mqguard_unique_name: str) -> None:
+    bad_queue = f"/queue/{mqguard_unique_name}-bad"
     # Meanwhile two clients that never complete a CONNECT (connect-timeout-ms is 3 s).
     silent, stalled = RawClient(proxy.port), RawClient(proxy.port)
     stalled.send(b"CONNECT\naccept-version:1.2\nlog")
@@ -277,8 +277,8 @@ def assert_queue_empty(port: int, queue: str, wait: float = 0.5) -> None:
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_client_disconnecting_mid_frame_sends_nothing(
         proxy: SidecarThread, healthy: HealthyClient, sidecar_log: pytest.LogCaptureFixture,
-        unique_name: str) -> None:
-    queue = f"/queue/{unique_name}-half"
+        mqguard_unique_name: str) -> None:
+    queue = f"/queue/{mqguard_unique_name}-half"
     send = f"SEND\ndestination:{queue}\nreceipt:r\n".encode()
     halves = [
         b"SEN",  # inside the command
@@ -306,12 +306,12 @@ def test_client_disconnecting_mid_frame_sends_nothing(
 @pytest.mark.parametrize("broker", BROKERS[:1], indirect=True)
 def test_client_that_stops_reading_is_reset_not_kept(
         proxy: SidecarThread, healthy: HealthyClient, sidecar_log: pytest.LogCaptureFixture,
-        unique_name: str) -> None:
+        mqguard_unique_name: str) -> None:
     """A consumer that stops reading with megabytes on their way to it, then breaks the
     protocol: its session ends, and its connection is reset instead of being kept open
     forever for a flush that cannot happen (the sidecar used to keep the socket and its
     buffers until the client went away)."""
-    queue = f"/queue/{unique_name}-big"
+    queue = f"/queue/{mqguard_unique_name}-big"
     producer = RawClient(proxy.port)
     producer.connect()
     body = b"x" * 60_000
@@ -436,7 +436,7 @@ def lose_and_recover(up: Upstream, queue: str, break_upstream: Callable[[], None
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_upstream_connection_cut(broker: tuple[str, ServerHandle], tmp_path: Path,
                                  sidecar_log: pytest.LogCaptureFixture,
-                                 unique_name: str) -> None:
+                                 mqguard_unique_name: str) -> None:
     handle = broker[1]
     upstream = parse_upstream(handle.urls["stomp"])
     with sidecar_through_fault_proxy(upstream.host, upstream.port, tmp_path,
@@ -445,7 +445,7 @@ def test_upstream_connection_cut(broker: tuple[str, ServerHandle], tmp_path: Pat
             up.fault.refuse(True)
             assert up.fault.cut() == 4
 
-        lose_and_recover(up, f"/queue/{unique_name}", cut, lambda: up.fault.refuse(False))
+        lose_and_recover(up, f"/queue/{mqguard_unique_name}", cut, lambda: up.fault.refuse(False))
 
 
 @pytest.fixture
@@ -467,7 +467,7 @@ def own_activemq() -> Iterator[list[ServerHandle]]:
 @pytest.mark.activemq
 def test_upstream_broker_restart_activemq(own_activemq: list[ServerHandle], tmp_path: Path,
                                           sidecar_log: pytest.LogCaptureFixture,
-                                          unique_name: str) -> None:
+                                          mqguard_unique_name: str) -> None:
     """A real restart (KahaDB kept). The broker comes back on a new port; the fault proxy,
     the sidecar's fixed upstream address, is pointed at it."""
     first = parse_upstream(own_activemq[0].urls["stomp"])
@@ -480,7 +480,7 @@ def test_upstream_broker_restart_activemq(own_activemq: list[ServerHandle], tmp_
             own_activemq.append(handle)
             up.fault.upstream_port = parse_upstream(handle.urls["stomp"]).port
 
-        lose_and_recover(up, f"/queue/{unique_name}", stop, restart)
+        lose_and_recover(up, f"/queue/{mqguard_unique_name}", stop, restart)
 
 
 # -- 4. fuzz -----------------------------------------------------------------------------------
@@ -661,13 +661,13 @@ def fuzz_connection(raw: RawClient, case: FuzzCase) -> str | None:
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_fuzz_random_and_mutated_frames(proxy: SidecarThread, healthy: HealthyClient,
                                         sidecar_log: pytest.LogCaptureFixture,
-                                        unique_name: str) -> None:
+                                        mqguard_unique_name: str) -> None:
     # A fixed seed by default, so CI is reproducible and a red run means this change;
     # MQGUARD_FUZZ_SEED=random explores (the seed is printed), =<n> replays.
     chosen = os.environ.get("MQGUARD_FUZZ_SEED") or str(DEFAULT_FUZZ_SEED)
     seed = random.SystemRandom().randrange(2**32) if chosen == "random" else int(chosen)
     print(f"fuzz seed {seed} (replay: MQGUARD_FUZZ_SEED={seed})")
-    cases = fuzz_cases(random.Random(seed), f"/queue/{unique_name}-fuzz")
+    cases = fuzz_cases(random.Random(seed), f"/queue/{mqguard_unique_name}-fuzz")
     with ThreadPoolExecutor(FUZZ_WORKERS) as pool:
         results = list(pool.map(lambda case: (case, *run_fuzz_case(proxy.port, case)), cases))
     print("fuzz connections by ending:", Counter(ending for _, _, ending in results))
@@ -678,7 +678,7 @@ def test_fuzz_random_and_mutated_frames(proxy: SidecarThread, healthy: HealthyCl
     wait_for(lambda: sessions(proxy) == 1, 15, f"seed {seed}: the fuzz sessions to end")
     assert proxy._thread.is_alive(), f"seed {seed}: the sidecar's loop thread died"
     healthy.finish()
-    healthy_round_trip(proxy.port, f"/queue/{unique_name}-after")
+    healthy_round_trip(proxy.port, f"/queue/{mqguard_unique_name}-after")
     # ActiveMQ writes header values raw on STOMP 1.0 connections (1.0 has no escaping): a
     # fuzz SEND with an escaped LF in a header, delivered to a fuzz 1.0 session, reaches the
     # sidecar as a truly malformed frame. The sidecar ends that session with an ERROR

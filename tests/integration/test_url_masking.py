@@ -96,8 +96,8 @@ def _run_sidecar(upstream: str, cwd: Path) -> tuple[int | None, str, str]:
 @pytest.mark.activemq
 @pytest.mark.parametrize("password", CASES)
 def test_sidecar_cli_never_prints_the_upstream_password(
-        password: str, activemq_server: Any, tmp_path: Path) -> None:
-    hostport = _hostport(activemq_server.urls["stomp"])
+        password: str, mqguard_activemq_server: Any, tmp_path: Path) -> None:
+    hostport = _hostport(mqguard_activemq_server.urls["stomp"])
     upstream = f"stomp://alice:{password}@{hostport}"
     code, output, health = _run_sidecar(upstream, tmp_path)
     assert_secret_free(output)
@@ -130,8 +130,8 @@ def test_sidecar_cli_does_not_echo_an_unparsable_upstream(upstream: str,
 @pytest.mark.activemq
 @pytest.mark.parametrize("password", CASES)
 def test_stomp_adapter_errors_never_show_the_password(password: str,
-                                                      activemq_server: Any) -> None:
-    url = f"stomp://alice:{password}@{_hostport(activemq_server.urls['stomp'])}"
+                                                      mqguard_activemq_server: Any) -> None:
+    url = f"stomp://alice:{password}@{_hostport(mqguard_activemq_server.urls['stomp'])}"
     with pytest.raises(AdapterError) as raised:
         adapter = open_adapter(url, connect_timeout=5)
         try:
@@ -145,8 +145,9 @@ def test_stomp_adapter_errors_never_show_the_password(password: str,
 
 @pytest.mark.redis
 @pytest.mark.parametrize("password", CASES)
-def test_redis_store_errors_never_show_the_password(password: str, redis_server: Any) -> None:
-    url = f"redis://alice:{password}@{_hostport(redis_server.urls['redis'])}/0"
+def test_redis_store_errors_never_show_the_password(password: str,
+                                                    mqguard_redis_server: Any) -> None:
+    url = f"redis://alice:{password}@{_hostport(mqguard_redis_server.urls['redis'])}/0"
     with pytest.raises(StoreError) as raised:
         store = RedisStore.from_url(url, retry_timeout=0.3)
         try:

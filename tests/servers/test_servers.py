@@ -53,24 +53,26 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.redis
-def test_redis_ping_set_get(redis_url: str, unique_name: str) -> None:
-    assert redis_url.startswith("redis://127.0.0.1:")
-    client = redis.Redis.from_url(redis_url)
+def test_redis_ping_set_get(mqguard_redis_url: str, mqguard_unique_name: str) -> None:
+    assert mqguard_redis_url.startswith("redis://127.0.0.1:")
+    client = redis.Redis.from_url(mqguard_redis_url)
     try:
         assert client.ping()
-        client.set(unique_name, b"value")
-        assert client.get(unique_name) == b"value"
+        client.set(mqguard_unique_name, b"value")
+        assert client.get(mqguard_unique_name) == b"value"
         assert client.dbsize() == 1  # the fixture flushed everything else
     finally:
         client.close()
 
 
 @pytest.mark.redis
-def test_redis_cluster_spreads_keys(redis_cluster_url: str, unique_name: str) -> None:
-    assert redis_cluster_url.startswith("redis+cluster://127.0.0.1:")
-    client = redis.RedisCluster.from_url(redis_cluster_url.replace("redis+cluster://", "redis://"))
+def test_redis_cluster_spreads_keys(mqguard_redis_cluster_url: str,
+                                    mqguard_unique_name: str) -> None:
+    assert mqguard_redis_cluster_url.startswith("redis+cluster://127.0.0.1:")
+    client = redis.RedisCluster.from_url(mqguard_redis_cluster_url.replace("redis+cluster://",
+                                                                           "redis://"))
     try:
-        keys = [f"{unique_name}:{i}" for i in range(30)]
+        keys = [f"{mqguard_unique_name}:{i}" for i in range(30)]
         for i, key in enumerate(keys):
             client.set(key, i)
         assert [int(client.get(key)) for key in keys] == list(range(30))
@@ -83,16 +85,16 @@ def test_redis_cluster_spreads_keys(redis_cluster_url: str, unique_name: str) ->
 
 
 @pytest.mark.redis
-def test_redis_restart_keeps_aof_data(fresh_redis_server: ServerHandle) -> None:
-    url = fresh_redis_server.urls["redis"]
+def test_redis_restart_keeps_aof_data(mqguard_fresh_redis_server: ServerHandle) -> None:
+    url = mqguard_fresh_redis_server.urls["redis"]
     client = redis.Redis.from_url(url)
     client.set("survivor", b"1")
     client.close()
-    old_pid = fresh_redis_server.pid
-    restarted = restart_redis(fresh_redis_server)
+    old_pid = mqguard_fresh_redis_server.pid
+    restarted = restart_redis(mqguard_fresh_redis_server)
     assert gone(old_pid)
     assert restarted.urls["redis"] == url
-    assert restarted.state_dir == fresh_redis_server.state_dir
+    assert restarted.state_dir == mqguard_fresh_redis_server.state_dir
     client = redis.Redis.from_url(url)
     try:
         assert client.get("survivor") == b"1"
@@ -147,23 +149,26 @@ def stomp_roundtrip(url: str, destination: str, **connect_kw: Any) -> Any:
 
 
 @pytest.mark.activemq
-def test_activemq_stomp_send_receive(activemq_server: ServerHandle, unique_name: str) -> None:
-    frame = stomp_roundtrip(activemq_server.urls["stomp"], f"/queue/{unique_name}")
+def test_activemq_stomp_send_receive(mqguard_activemq_server: ServerHandle,
+                                     mqguard_unique_name: str) -> None:
+    frame = stomp_roundtrip(mqguard_activemq_server.urls["stomp"], f"/queue/{mqguard_unique_name}")
     assert frame.body == "hello"
     assert frame.headers["x-test"] == "yes"
     assert frame.headers["message-id"].startswith("ID:")
-    assert activemq_server.version.startswith("5.17")
-    assert ") started" in activemq_server.log_path.read_text()
+    assert mqguard_activemq_server.version.startswith("5.17")
+    assert ") started" in mqguard_activemq_server.log_path.read_text()
 
 
 @pytest.mark.rabbitmq
-def test_rabbitmq_stomp_send_receive(rabbitmq_server: ServerHandle, unique_name: str) -> None:
-    frame = stomp_roundtrip(rabbitmq_server.urls["stomp"], f"/queue/{unique_name}", vhost="/")
+def test_rabbitmq_stomp_send_receive(mqguard_rabbitmq_server: ServerHandle,
+                                     mqguard_unique_name: str) -> None:
+    frame = stomp_roundtrip(mqguard_rabbitmq_server.urls["stomp"], f"/queue/{mqguard_unique_name}",
+                            vhost="/")
     assert frame.body == "hello"
     assert frame.headers["x-test"] == "yes"
-    assert rabbitmq_server.version.startswith("3.10")
-    assert unique_name in rabbitmqctl(rabbitmq_server, "list_queues", "name")
-    assert "Server startup complete" in rabbitmq_server.log_path.read_text()
+    assert mqguard_rabbitmq_server.version.startswith("3.10")
+    assert mqguard_unique_name in rabbitmqctl(mqguard_rabbitmq_server, "list_queues", "name")
+    assert "Server startup complete" in mqguard_rabbitmq_server.log_path.read_text()
 
 
 # -- MQTT -------------------------------------------------------------------------------------
@@ -200,20 +205,23 @@ def mqtt_roundtrip(url: str, topic: str, protocol: mqtt.MQTTProtocolVersion) -> 
 
 @pytest.mark.activemq
 def test_activemq_mqtt311_publish_subscribe(
-    activemq_server: ServerHandle, unique_name: str
+    mqguard_activemq_server: ServerHandle, mqguard_unique_name: str
 ) -> None:
-    msg = mqtt_roundtrip(activemq_server.urls["mqtt"], f"t/{unique_name}", mqtt.MQTTv311)
+    msg = mqtt_roundtrip(mqguard_activemq_server.urls["mqtt"], f"t/{mqguard_unique_name}",
+                         mqtt.MQTTv311)
     assert msg.payload == b"hello"
     assert msg.qos == 1
 
 
 @pytest.mark.mosquitto
-def test_mosquitto_mqtt5_qos1_roundtrip(mosquitto_server: ServerHandle, unique_name: str) -> None:
-    msg = mqtt_roundtrip(mosquitto_server.urls["mqtt"], f"t/{unique_name}", mqtt.MQTTv5)
+def test_mosquitto_mqtt5_qos1_roundtrip(mqguard_mosquitto_server: ServerHandle,
+                                        mqguard_unique_name: str) -> None:
+    msg = mqtt_roundtrip(mqguard_mosquitto_server.urls["mqtt"], f"t/{mqguard_unique_name}",
+                         mqtt.MQTTv5)
     assert msg.payload == b"hello"
     assert msg.qos == 1
     assert ("x-test", "yes") in msg.properties.UserProperty
-    assert "running" in mosquitto_server.log_path.read_text()
+    assert "running" in mqguard_mosquitto_server.log_path.read_text()
 
 
 # -- lifecycle --------------------------------------------------------------------------------

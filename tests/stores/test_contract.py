@@ -1,8 +1,8 @@
 """The Store contract (see mqguard/stores/base.py), run against every implementation.
 
 MemoryStore is the reference; RedisStore must behave identically on a standalone Redis and on
-a 3-master Redis Cluster (fixtures ``redis_url`` / ``redis_cluster_url`` from the mqguard pytest
-plugin, flushed before each test).
+a 3-master Redis Cluster (fixtures ``mqguard_redis_url`` / ``mqguard_redis_cluster_url`` from the
+mqguard pytest plugin, flushed before each test).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     else:
         from mqguard.stores.redis import RedisStore
 
-        fixture = "redis_url" if request.param == "redis" else "redis_cluster_url"
+        fixture = "mqguard_redis_url" if request.param == "redis" else "mqguard_redis_cluster_url"
         instance = RedisStore.from_url(request.getfixturevalue(fixture))
     yield instance
     instance.close()

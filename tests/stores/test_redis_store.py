@@ -32,23 +32,23 @@ def digests(*values: object) -> list[bytes]:
 
 
 @pytest.fixture
-def standalone(redis_url: str) -> Iterator[RedisStore]:
-    store = RedisStore.from_url(redis_url)
+def standalone(mqguard_redis_url: str) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(mqguard_redis_url)
     yield store
     store.close()
 
 
 @pytest.fixture
-def cluster(redis_cluster_url: str) -> Iterator[RedisStore]:
-    store = RedisStore.from_url(redis_cluster_url)
+def cluster(mqguard_redis_cluster_url: str) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(mqguard_redis_cluster_url)
     yield store
     store.close()
 
 
 @pytest.fixture(params=["redis", "redis-cluster"])
 def any_url(request: pytest.FixtureRequest) -> str:
-    return request.getfixturevalue("redis_url" if request.param == "redis" else
-                                   "redis_cluster_url")
+    return request.getfixturevalue("mqguard_redis_url" if request.param == "redis" else
+                                   "mqguard_redis_cluster_url")
 
 
 def _tag_of(key: bytes) -> str:
@@ -60,13 +60,14 @@ def _tag_of(key: bytes) -> str:
 
 
 def test_keys_of_one_name_share_one_cluster_slot(cluster: RedisStore,
-                                                 redis_cluster_url: str) -> None:
+                                                 mqguard_redis_cluster_url: str) -> None:
     for name in AWKWARD_NAMES:
         # 1000 ids: a ring with 16 membership shards, i.e. many keys of one name.
         cluster.ring_check_and_add(name, digests(*range(1000)), 1000)
         cluster.delivery_count_incr(name, "m")
         cluster.schedule_add(name, "item", b"p", 1)
-    client = redis.RedisCluster.from_url(redis_cluster_url.replace("redis+cluster", "redis", 1))
+    client = redis.RedisCluster.from_url(mqguard_redis_cluster_url.replace("redis+cluster",
+                                                                           "redis", 1))
     try:
         slots: dict[str, set[int]] = {}
         for node in client.get_primaries():
@@ -95,14 +96,15 @@ def test_key_tags_are_well_formed_and_distinct() -> None:
 # -- memory layout ---------------------------------------------------------------------------------
 
 
-def test_ring_shards_stay_listpack_and_small(standalone: RedisStore, redis_url: str) -> None:
+def test_ring_shards_stay_listpack_and_small(standalone: RedisStore,
+                                             mqguard_redis_url: str) -> None:
     ids = [id_digest(f"message-{i}") for i in range(20_000)]
     before = standalone.memory_usage_bytes()
     for i in range(0, len(ids), 500):
         standalone.ring_check_and_add("big", ids[i:i + 500], 20_000)
     used = standalone.memory_usage_bytes() - before
     assert standalone.ring_stats("big") == RingStats("big", 20_000, 20_000)
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(mqguard_redis_url)
     try:
         shards = list(client.scan_iter(match="mqg:{big}:ring:m:*", count=1000))
         assert len(shards) == 512  # smallest power of two with <= 64 ids per shard
@@ -135,8 +137,9 @@ def test_memory_usage_and_flush_namespace(any_url: str) -> None:
         other.close()
 
 
-def test_open_store_and_from_url_options(redis_url: str, redis_cluster_url: str) -> None:
-    for url in (redis_url, redis_cluster_url):
+def test_open_store_and_from_url_options(mqguard_redis_url: str,
+                                         mqguard_redis_cluster_url: str) -> None:
+    for url in (mqguard_redis_url, mqguard_redis_cluster_url):
         store = open_store(url)
         try:
             assert isinstance(store, RedisStore)
@@ -144,38 +147,38 @@ def test_open_store_and_from_url_options(redis_url: str, redis_cluster_url: str)
         finally:
             store.close()
     # Several seeds, one of them unreachable: the others suffice.
-    seeds = f"{redis_cluster_url},127.0.0.1:{free_port()}"
+    seeds = f"{mqguard_redis_cluster_url},127.0.0.1:{free_port()}"
     store = RedisStore.from_url(seeds)
     try:
         assert store.ring_check_and_add("r", digests(1), 3) == [False]
     finally:
         store.close()
     # A store over a client built elsewhere names it (credential-free) in its errors.
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(mqguard_redis_url)
     store = RedisStore(client)
     try:
         assert store.ring_check_and_add("r", digests(1), 3) == [False]
-        assert redis_url in repr(store)
+        assert mqguard_redis_url in repr(store)
     finally:
         store.close()
     with pytest.raises(StoreError, match="unsupported store URL"):
         RedisStore.from_url("http://127.0.0.1:1")
     with pytest.raises(ValueError, match="namespace"):
-        RedisStore.from_url(redis_url, namespace="a{b}")
+        RedisStore.from_url(mqguard_redis_url, namespace="a{b}")
 
 
 # -- persistence and outages ----------------------------------------------------------------------
 
 
-def test_survives_restart_with_appendonly(fresh_redis_server: ServerHandle) -> None:
-    store = RedisStore.from_url(fresh_redis_server.urls["redis"])
+def test_survives_restart_with_appendonly(mqguard_fresh_redis_server: ServerHandle) -> None:
+    store = RedisStore.from_url(mqguard_fresh_redis_server.urls["redis"])
     try:
         ids = digests(*range(100))
         store.ring_check_and_add("orders", ids, 50)
         assert store.delivery_count_incr("orders", "m1") == 1
         store.schedule_add("orders", "redeliver-1", b"payload", 1234)
-        restarted = restart_redis(fresh_redis_server)
-        assert restarted.urls["redis"] == fresh_redis_server.urls["redis"]
+        restarted = restart_redis(mqguard_fresh_redis_server)
+        assert restarted.urls["redis"] == mqguard_fresh_redis_server.urls["redis"]
         # Same store object: its pooled connections died with the server and are replaced.
         assert store.ring_ids("orders") == ids[50:]
         assert store.ring_stats("orders") == RingStats("orders", 50, 50)
@@ -188,16 +191,18 @@ def test_survives_restart_with_appendonly(fresh_redis_server: ServerHandle) -> N
         store.close()
 
 
-def test_short_outage_delays_calls_instead_of_failing(fresh_redis_server: ServerHandle) -> None:
-    store = RedisStore.from_url(fresh_redis_server.urls["redis"], retry_timeout=10.0)
+def test_short_outage_delays_calls_instead_of_failing(
+        mqguard_fresh_redis_server: ServerHandle) -> None:
+    store = RedisStore.from_url(mqguard_fresh_redis_server.urls["redis"], retry_timeout=10.0)
     restarted: list[ServerHandle] = []
     try:
         store.ring_check_and_add("r", digests(1), 10)
-        fresh_redis_server.stop()
+        mqguard_fresh_redis_server.stop()
 
         def bring_back() -> None:
-            restarted.append(start_redis(appendonly=True, state_dir=fresh_redis_server.state_dir,
-                                         port=fresh_redis_server.port("redis")))
+            restarted.append(start_redis(appendonly=True,
+                                         state_dir=mqguard_fresh_redis_server.state_dir,
+                                         port=mqguard_fresh_redis_server.port("redis")))
 
         timer = threading.Timer(1.0, bring_back)
         timer.start()
@@ -271,8 +276,9 @@ def test_error_messages_mask_passwords_when_unreachable() -> None:
     _assert_masked(f"redis+cluster://:{SECRET}@127.0.0.1:{closed}", opens=False)
 
 
-def test_error_messages_mask_passwords_when_refused(fresh_redis_server: ServerHandle) -> None:
-    url = fresh_redis_server.urls["redis"]
+def test_error_messages_mask_passwords_when_refused(
+        mqguard_fresh_redis_server: ServerHandle) -> None:
+    url = mqguard_fresh_redis_server.urls["redis"]
     admin = redis.Redis.from_url(url)
     try:
         admin.config_set("requirepass", "the-right-one")

@@ -302,7 +302,7 @@ def test_plain_data_in(guard: Guard, adapter: LoopbackAdapter) -> None:
 
 @pytest.fixture(params=["memory", "redis"])
 def store_guard(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Guard]:
-    store = "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
+    store = "memory" if request.param == "memory" else request.getfixturevalue("mqguard_redis_url")
     config = parse_config({"mqguard": {"store": store,
                                        "event-log": {"directory": str(tmp_path / "ev")}}})
     with Guard(config) as guard:

@@ -19,4 +19,4 @@ STOMP_BROKERS = BROKERS[:2]
 def broker_of(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(kind, URL) of the broker a test is parametrized with; starts its server fixture."""
     kind, scheme = request.param
-    return kind, request.getfixturevalue(f"{kind}_server").urls[scheme]
+    return kind, request.getfixturevalue(f"mqguard_{kind}_server").urls[scheme]
