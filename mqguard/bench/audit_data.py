@@ -5,7 +5,7 @@ here, so 10 million would take half a minute before the audit even starts.
 Instead every message is one row of a DuckDB table, every event one row of a
 join with a small table of *templates* (the event sequence the guard pipeline
 writes for one kind of message: mqguard/pipeline.py, as
-``tests/audit/synthetic.py`` replays it), and each node's file is one ``COPY``
+``tests/support/mqguard_tests/synthetic.py`` replays it), and each node's file is one ``COPY``
 of JSON lines built in SQL, in writing order, with absent fields left out as
 the real writer leaves them out. 10 million events take seconds.
 

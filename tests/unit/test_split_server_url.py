@@ -23,7 +23,7 @@ def test_host_and_default_port_per_scheme() -> None:
     ("stomp://alice:s3cret@broker:port", "has an invalid port"),
 ])
 def test_errors_name_the_url_masked(url: str, says: str) -> None:
-    with pytest.raises(ValueError, match="^--upstream ") as raised:
+    with pytest.raises(ValueError, match=r"^--upstream ") as raised:
         split_server_url(url, PORTS, what="--upstream")
     message = str(raised.value)
     assert says in message
