@@ -7,6 +7,9 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 python="${PYTHON:-python3}"
 extras="${MQGUARD_EXTRAS:-test,spark}"
+# The native data plane (native/: Rust, built by maturin with cargo) first: mqguard
+# depends on it, and pip must find it installed rather than look for it on PyPI.
+"$python" -m pip install --disable-pip-version-check -q "${repo_root}/native"
 "$python" -m pip install --disable-pip-version-check -q -e "${repo_root}[${extras}]"
 bash "${repo_root}/deploy/local/install.sh"
 bash "${repo_root}/deploy/local/node-setup.sh"

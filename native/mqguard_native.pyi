@@ -1,0 +1,3 @@
+"""Type information of the mqguard_native extension module."""
+
+__version__: str
