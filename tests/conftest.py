@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-pytest_plugins = ["mqguard.testing.pytest_plugin"]
+pytest_plugins = ["mqguard.testing.pytest_plugin", "mqguard.testing.artemis"]
 
 # `python -m pytest` puts the working directory first on sys.path. At the repository root
 # that would make the source folders plugins/ and adapters/ importable as top-level

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Usage: install.sh [KIND...]   # KIND: redis redis-cluster activemq rabbitmq mosquitto (default: all)
-# Installs the Debian packages (root) and the ActiveMQ MQTT codec jars, then the Debian
-# packages of the tools the test suite runs (shellcheck). Idempotent: what is there is kept.
+# Usage: install.sh [KIND...]   # KIND: redis redis-cluster activemq rabbitmq mosquitto artemis (default: all)
+# Installs the Debian packages (root), the ActiveMQ MQTT codec jars and Artemis (Maven, cached
+# once under ~/.cache/mqguard/artemis), then the Debian packages of the tools the test suite
+# runs (shellcheck). Idempotent: what is there is kept.
 # The servers go through `python -m mqguard.servers install`, which works from a plain checkout
 # because the repository root is put on PYTHONPATH. Override the interpreter with PYTHON=...
 set -euo pipefail

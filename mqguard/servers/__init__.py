@@ -1,10 +1,12 @@
 """Real servers for tests and benchmarks: Redis (standalone and cluster), ActiveMQ Classic,
-RabbitMQ and Mosquitto, started as background processes on free 127.0.0.1 ports.
+RabbitMQ, Mosquitto and ActiveMQ Artemis, started as background processes on free 127.0.0.1
+ports.
 
 Each server keeps its config, data and logs in its own state dir under the system temp dir
 (``mqguard-<kind>-*``) and is described by a :class:`ServerHandle`, which also knows how to stop
 it (only ever the processes it started).  Packages are installed from Debian on demand
-(:func:`ensure_installed`).  ``python -m mqguard.servers`` is the command-line front end.
+(:func:`ensure_installed`; Artemis, which Debian lacks, from Maven Central).  ``python -m
+mqguard.servers`` is the command-line front end.
 
 >>> with start("redis") as h:          # doctest: +SKIP
 ...     print(h.urls["redis"])
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mqguard.servers.activemq import restart_activemq, start_activemq
+from mqguard.servers.artemis import reload_artemis_config, restart_artemis, start_artemis
 from mqguard.servers.docker import docker_available, start_in_docker
 from mqguard.servers.handle import ServerHandle, ServerStartError, ServerUnavailable
 from mqguard.servers.install import KINDS, ensure_installed
@@ -35,10 +38,13 @@ __all__ = [
     "free_port",
     "free_ports",
     "rabbitmqctl",
+    "reload_artemis_config",
     "restart_activemq",
+    "restart_artemis",
     "restart_redis",
     "start",
     "start_activemq",
+    "start_artemis",
     "start_in_docker",
     "start_mosquitto",
     "start_rabbitmq",
@@ -53,6 +59,7 @@ _LAUNCHERS: dict[str, Callable[..., ServerHandle]] = {
     "activemq": start_activemq,
     "rabbitmq": start_rabbitmq,
     "mosquitto": start_mosquitto,
+    "artemis": start_artemis,
 }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from mqguard.errors import ConfigError
 from mqguard.servers import KINDS, ServerHandle, ServerUnavailable, ensure_installed, start
 from mqguard.servers.handle import HANDLE_FILE
 
@@ -24,7 +25,8 @@ def main() -> None:
 @main.command()
 @click.argument("kinds", nargs=-1, type=click.Choice(KINDS))
 def install(kinds: tuple[str, ...]) -> None:
-    """Install the Debian packages (and ActiveMQ's MQTT jars) for KINDS (default: all)."""
+    """Install the Debian packages (ActiveMQ's MQTT jars, Artemis from Maven) for KINDS
+    (default: all)."""
     try:
         ensure_installed(kinds or KINDS)
     except ServerUnavailable as exc:
@@ -41,7 +43,16 @@ def install(kinds: tuple[str, ...]) -> None:
 )
 @click.option("--appendonly", is_flag=True, help="redis: enable the AOF (for restarts).")
 @click.option("--port", type=int, help="redis: port to reuse when restarting a state dir.")
-def start_cmd(kind: str, state_dir: Path | None, appendonly: bool, port: int | None) -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="artemis: an mqguard.toml whose address settings the broker gets.",
+)
+def start_cmd(
+    kind: str, state_dir: Path | None, appendonly: bool, port: int | None,
+    config_path: Path | None,
+) -> None:
     """Start KIND in the background and print its handle as JSON."""
     if state_dir is not None and (state_dir / HANDLE_FILE).exists():
         previous = ServerHandle.load(state_dir)
@@ -55,9 +66,13 @@ def start_cmd(kind: str, state_dir: Path | None, appendonly: bool, port: int | N
         kwargs.update(appendonly=appendonly, port=port)
     elif appendonly or port is not None:
         raise click.UsageError("--appendonly/--port only apply to redis")
+    if config_path is not None:
+        if kind != "artemis":
+            raise click.UsageError("--config only applies to artemis")
+        kwargs["config"] = config_path
     try:
         handle = start(kind, **kwargs)
-    except ServerUnavailable as exc:
+    except (ServerUnavailable, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(handle.to_json())
 

@@ -10,6 +10,9 @@ the MQTT codec it depends on, so the connector dies with ``NoClassDefFoundError:
 org/fusesource/mqtt/codec/...``.  The codec jars are taken from ``libmqtt-client-java`` and
 ``libhawtdispatch-java`` *without installing them* (``apt-get download`` + ``dpkg-deb -x``) into
 a per-user cache, so this works without root once the packages are downloadable.
+
+Artemis has no Debian package: Maven (the ``maven`` package) fetches its binary distribution
+from Maven Central once into the same cache (:mod:`mqguard.servers.artemis_dist`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ __all__ = [
     "mqtt_codec_jars",
 ]
 
-KINDS: tuple[str, ...] = ("redis", "redis-cluster", "activemq", "rabbitmq", "mosquitto")
+KINDS: tuple[str, ...] = (
+    "redis", "redis-cluster", "activemq", "rabbitmq", "mosquitto", "artemis",
+)
 
 ACTIVEMQ_HOME = Path("/usr/share/activemq")
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -47,6 +52,8 @@ _PACKAGES: dict[str, tuple[str, ...]] = {
     "activemq": ("activemq",),
     "rabbitmq": ("rabbitmq-server",),
     "mosquitto": ("mosquitto",),
+    # Maven fetches the Artemis distribution itself (see mqguard.servers.artemis_dist).
+    "artemis": ("maven",),
 }
 
 # What must exist for a launcher to work: commands on PATH or absolute paths.
@@ -61,6 +68,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
         "epmd",
     ),
     "mosquitto": ("mosquitto",),
+    "artemis": ("java", "mvn"),
 }
 
 # name inside the .deb -> package that ships it
@@ -200,6 +208,10 @@ def ensure_installed(kinds: Iterable[str] = KINDS) -> None:
                 )
         if "activemq" in wanted:
             mqtt_codec_jars()
+        if "artemis" in wanted:
+            from mqguard.servers.artemis_dist import artemis_home
+
+            artemis_home()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,109 @@
+"""The Apache ActiveMQ Artemis binary distribution, fetched once with Maven and cached.
+
+Debian has no Artemis package, but Maven Central serves the distribution as the artifact
+``org.apache.activemq:apache-artemis:<version>:zip:bin`` (about 47 MB). ``mvn dependency:copy``
+fetches it (through the user's ``~/.m2`` and its mirrors, so a machine with a repository
+manager needs nothing else), and it is unpacked into ``<cache>/artemis/apache-artemis-<version>``
+(see :func:`mqguard.servers.install.cache_dir`). Later calls find it there and touch neither
+Maven nor the network. ``MQGUARD_ARTEMIS_HOME`` names an existing installation to use instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from mqguard.servers.handle import ServerUnavailable
+from mqguard.servers.install import cache_dir, find_binary
+
+__all__ = ["ARTEMIS_ARTIFACT", "ARTEMIS_VERSION", "artemis_home"]
+
+ARTEMIS_VERSION = "2.40.0"
+ARTEMIS_ARTIFACT = f"org.apache.activemq:apache-artemis:{ARTEMIS_VERSION}:zip:bin"
+
+_MAVEN_TIMEOUT = 1800.0
+
+
+def _cli(home: Path) -> Path:
+    return home / "bin" / "artemis"
+
+
+def artemis_home() -> Path:
+    """The Artemis installation (``ARTEMIS_HOME``), fetched with Maven on first use.
+
+    Raises :class:`ServerUnavailable` when it is neither cached nor fetchable.
+    """
+    given = os.environ.get("MQGUARD_ARTEMIS_HOME")
+    if given:
+        home = Path(given)
+        if not _cli(home).is_file():
+            raise ServerUnavailable(f"MQGUARD_ARTEMIS_HOME={given}: no bin/artemis there")
+        return home
+    root = cache_dir() / "artemis"
+    home = root / f"apache-artemis-{ARTEMIS_VERSION}"
+    if _cli(home).is_file():
+        return home
+    with _file_lock(root / ".lock"):
+        # Another process (a parallel test worker) may have finished while we waited.
+        if not _cli(home).is_file():
+            _fetch(root, home)
+    return home
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fetch(root: Path, home: Path) -> None:
+    mvn = find_binary("mvn")
+    if mvn is None:
+        raise ServerUnavailable("Artemis is not cached and Maven (mvn) is not installed: "
+                                "apt-get install -y maven")
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as tmp:
+        work = Path(tmp)
+        cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={ARTEMIS_ARTIFACT}",
+               f"-DoutputDirectory={work}"]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                                    timeout=_MAVEN_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ServerUnavailable(f"fetching Artemis with Maven failed: {exc}") from exc
+        archive = work / f"apache-artemis-{ARTEMIS_VERSION}-bin.zip"
+        if result.returncode != 0 or not archive.is_file():
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+            raise ServerUnavailable(
+                f"fetching {ARTEMIS_ARTIFACT} with Maven failed (exit {result.returncode}):\n"
+                f"{tail}")
+        unpacked = work / "unpacked"
+        _unzip(archive, unpacked)
+        found = unpacked / home.name
+        if not _cli(found).is_file():
+            raise ServerUnavailable(f"{archive.name} holds no {home.name}/bin/artemis")
+        if home.exists():  # a half-unpacked leftover of a killed fetch
+            shutil.rmtree(home)
+        # One rename: a concurrent reader sees either no installation or a complete one.
+        found.rename(home)
+
+
+def _unzip(archive: Path, target: Path) -> None:
+    # zipfile drops Unix permissions; the scripts in bin/ must stay executable.
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            path = Path(zf.extract(info, target))
+            mode = (info.external_attr >> 16) & 0o777
+            if mode and not info.is_dir():
+                path.chmod(mode)
