@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a fresh Debian 12 machine for mqguard: the Python package with its
 # test extras (editable, from this checkout) and the servers' Debian packages
-# (Redis, ActiveMQ 5.17 with its MQTT codec jars, RabbitMQ 3.10, Mosquitto 2.0).
+# (Redis, ActiveMQ 5.17 with its MQTT codec jars, RabbitMQ 3.10, Mosquitto 2.0), and
+# Artemis 2.40 from Maven Central.
 # Idempotent: a second run installs nothing. Override the interpreter with PYTHON=...
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

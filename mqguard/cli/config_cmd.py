@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import click
 
+from mqguard.artemis_xml import apply_to_broker_xml, not_rendered, render_broker_xml
 from mqguard.config import load_config
 from mqguard.errors import ConfigError
 from mqguard.plugin_manager import make_plugin_manager
@@ -14,7 +16,7 @@ from mqguard.plugin_manager import make_plugin_manager
 
 @click.group()
 def config() -> None:
-    """Validate mqguard.toml and show what applies to an address."""
+    """Validate mqguard.toml, show what applies to an address, render it for Artemis."""
 
 
 @config.command("check")
@@ -51,3 +53,46 @@ def show(address: str, path: str | None) -> None:
     out = {"address": address, "matched": repo.matching_keys(address),
            "settings": dataclasses.asdict(repo.resolve(address))}
     click.echo(json.dumps(out, indent=2))
+
+
+@config.command("broker-xml")
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the rendered XML to FILE instead of standard output.")
+@click.option("--into", "broker_xml", type=click.Path(dir_okay=False, exists=True,
+                                                        path_type=Path),
+              help="Put the settings into this Artemis broker.xml, in place: its "
+                   "<address-settings> is replaced (Artemis's management entry kept), "
+                   "id-cache-size and message-expiry-scan-period set. A running broker "
+                   "rereads it.")
+def broker_xml_cmd(path: str | None, output: Path | None, broker_xml: Path | None) -> None:
+    """Render PATH's (default ./mqguard.toml) address settings as Artemis broker.xml.
+
+    Prints a <core> element whose children go inside the <core> of an Artemis
+    broker.xml: <id-cache-size>, <message-expiry-scan-period> and <address-settings>
+    with one <address-setting> per [address-settings."<match>"] table (only the keys the
+    table sets: both sides inherit the rest the same way). Settings with no Artemis
+    counterpart are named in a comment and on standard error.
+    """
+    if output is not None and broker_xml is not None:
+        raise click.UsageError("--output and --into are exclusive")
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    skipped = not_rendered(cfg)
+    if broker_xml is not None:
+        text = apply_to_broker_xml(broker_xml.read_text(encoding="utf-8"), cfg)
+        tmp = broker_xml.with_name(f".{broker_xml.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(broker_xml)  # a running Artemis must never read half a file
+        click.echo(f"{broker_xml}: {len(cfg.address_settings)} address-settings entries "
+                   f"from {cfg.source}", err=True)
+    elif output is not None:
+        output.write_text(render_broker_xml(cfg), encoding="utf-8")
+        click.echo(f"{output}: {len(cfg.address_settings)} address-settings entries "
+                   f"from {cfg.source}", err=True)
+    else:
+        click.echo(render_broker_xml(cfg), nl=False)
+    if skipped:
+        click.echo("not rendered (no Artemis counterpart): " + ", ".join(skipped), err=True)
