@@ -84,6 +84,10 @@ class SidecarConfig(_Section):
     #: Also send ActiveMQ's native ``expires`` (ActiveMQ then expires messages to
     #: ActiveMQ.DLQ itself, before mqguard's expiry address sees them).
     native_expiry: bool = False
+    #: Who owns the sockets: ``python`` (asyncio protocols) or ``native`` (the Rust
+    #: extension's tokio runtime; docs/sidecar.md, "Data planes"). The session logic
+    #: is the same on both.
+    data_plane: Literal["python", "native"] = "python"
 
 
 #: Artemis ``MessageLoadBalancingType`` values (cluster-connection ``message-load-balancing``).

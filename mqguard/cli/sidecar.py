@@ -13,6 +13,7 @@ import orjson
 from mqguard.config import load_config
 from mqguard.errors import MqguardError
 from mqguard.sidecar.eventloop import LOOP_KINDS, loop_factory
+from mqguard.sidecar.native_plane import DATA_PLANES
 from mqguard.sidecar.server import Sidecar, parse_hostport, parse_upstream
 
 
@@ -61,10 +62,15 @@ class JsonLogFormatter(logging.Formatter):
               show_default=True,
               help="asyncio's own loop, or uvloop (faster; mqguard[sidecar] installs it). "
                    "auto: uvloop when installed.")
+@click.option("--data-plane", "data_plane", type=click.Choice(DATA_PLANES), default=None,
+              help="Who owns the sockets: python (asyncio) or native (the Rust extension's "
+                   "tokio runtime; docs/sidecar.md, \"Data planes\"). Default: "
+                   "[mqguard.sidecar] data-plane (python).")
 def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
             upstream_insecure: bool, reap_addresses: tuple[str, ...],
-            redistribute_groups: tuple[str, ...], log_format: str, event_loop: str) -> None:
+            redistribute_groups: tuple[str, ...], log_format: str, event_loop: str,
+            data_plane: str | None) -> None:
     """Run the transparent STOMP proxy in front of a broker.
 
     Unmodified STOMP 1.0-1.2 clients connect here instead of to the broker and get
@@ -94,8 +100,13 @@ def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | No
     if tls_cert and tls_key:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(tls_cert, tls_key)
-    proxy = Sidecar(config, target, listen=listen_on, admin=admin_on, tls=tls,
-                    reap_addresses=reap_addresses, redistribute=redistribute_groups)
+    try:
+        proxy = Sidecar(config, target, listen=listen_on, admin=admin_on, tls=tls,
+                        reap_addresses=reap_addresses, redistribute=redistribute_groups,
+                        data_plane=data_plane,
+                        tls_files=(tls_cert, tls_key) if tls_cert and tls_key else None)
+    except MqguardError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
             runner.run(_serve(proxy))

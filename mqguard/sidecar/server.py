@@ -22,6 +22,7 @@ import errno
 import functools
 import json
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -53,7 +54,9 @@ from mqguard.sidecar.frames import (
     encode,
 )
 from mqguard.sidecar.gctune import GcTuning
-from mqguard.sidecar.metrics import SidecarMetrics
+from mqguard.sidecar.metrics import Count, SidecarMetrics
+from mqguard.sidecar.native_connection import NativeConnection, NativeTransport
+from mqguard.sidecar.native_plane import DATA_PLANES, NativePlane
 from mqguard.sidecar.session import ProxySession
 from mqguard.stomp_brokers import DEFAULT_PORTS, address_of
 
@@ -76,6 +79,9 @@ class Upstream:
     ssl_context: ssl.SSLContext | None
     #: The URL as given, for the reaper's own connection (may hold its credentials).
     url: str
+    #: How ``ssl_context`` was made, for the native data plane's own TLS (rustls).
+    cafile: str | None = None
+    insecure: bool = False
 
     @property
     def where(self) -> str:
@@ -99,7 +105,7 @@ def parse_upstream(url: str, *, cafile: str | None = None,
         if insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-    return Upstream(host, port, context, url)
+    return Upstream(host, port, context, url, cafile, insecure)
 
 
 def parse_hostport(value: str, what: str) -> tuple[str, int]:
@@ -119,13 +125,28 @@ class Sidecar:
                  tls: ssl.SSLContext | None = None,
                  reap_addresses: Sequence[str] = (),
                  guard: Guard | None = None,
-                 redistribute: Sequence[str] = ()) -> None:
+                 redistribute: Sequence[str] = (),
+                 data_plane: str | None = None,
+                 tls_files: tuple[str, str] | None = None) -> None:
+        """``data_plane``: ``python`` or ``native`` (default: the ``data-plane`` setting);
+        ``tls_files``: the certificate and key files of ``tls`` (the native plane serves
+        TLS with rustls, which cannot use an ``ssl.SSLContext``)."""
         self.mqguard_config = config
         self.config: SidecarConfig = config.core.sidecar
         self.upstream = upstream
         self.listen_on = listen
         self.admin_on = admin
         self.tls = tls
+        self.tls_files = tls_files
+        self.data_plane = data_plane or config.core.sidecar.data_plane
+        if self.data_plane not in DATA_PLANES:
+            raise ConfigError(f"data-plane must be one of {', '.join(DATA_PLANES)}, "
+                              f"got {self.data_plane!r}")
+        if self.data_plane == "native" and tls is not None and tls_files is None:
+            raise ConfigError("data-plane = native serves TLS from the certificate and key "
+                              "files (--tls-cert / --tls-key)")
+        #: The tokio runtime of the native data plane, while it runs.
+        self.native: NativePlane | None = None
         self.limits = FrameLimits(max_frame_bytes=self.config.max_frame_bytes,
                                   max_header_count=self.config.max_header_count,
                                   max_header_line_bytes=self.config.max_header_line_bytes)
@@ -167,17 +188,31 @@ class Sidecar:
 
     # -- start / stop --------------------------------------------------------------------
 
+    def use_data_plane(self, data_plane: str) -> None:
+        """Serve on ``data_plane`` (``python`` or ``native``); before :meth:`start`."""
+        if data_plane not in DATA_PLANES:
+            raise ConfigError(f"data-plane must be one of {', '.join(DATA_PLANES)}, "
+                              f"got {data_plane!r}")
+        if data_plane == "native" and self.tls is not None and self.tls_files is None:
+            raise ConfigError("data-plane = native serves TLS from the certificate and key "
+                              "files (--tls-cert / --tls-key)")
+        self.data_plane = data_plane
+
     async def start(self) -> None:
         self.guard.start()
         self._check_descriptors()
         host, port = self.listen_on
         loop = asyncio.get_running_loop()
-        self._listeners = _listen(await loop.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE), port)
-        self.port = self._listeners[0].getsockname()[1]
-        self._spare = SpareDescriptor()
-        self._accept_tasks = [loop.create_task(self._accept_loop(sock))
-                              for sock in self._listeners]
+        infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        if self.data_plane == "native":
+            self._start_native(loop, [str(info[4][0]) for info in infos], port)
+        else:
+            self._listeners = _listen(infos, port)
+            self.port = self._listeners[0].getsockname()[1]
+            self._spare = SpareDescriptor()
+            self._accept_tasks = [loop.create_task(self._accept_loop(sock))
+                                  for sock in self._listeners]
         if self.admin_on is not None:
             self._admin = await asyncio.start_server(self._serve_admin, *self.admin_on)
             self.admin_port = self._admin.sockets[0].getsockname()[1]
@@ -186,8 +221,8 @@ class Sidecar:
         if self._gc.apply():
             log.debug("sidecar owns the process: young-generation GC threshold raised, "
                       "start-up objects frozen")
-        log.info("sidecar listening on %s:%d%s, upstream %s%s", host, self.port,
-                 " (TLS)" if self.tls else "", self.upstream.where,
+        log.info("sidecar listening on %s:%d%s (%s data plane), upstream %s%s", host,
+                 self.port, " (TLS)" if self.tls else "", self.data_plane, self.upstream.where,
                  f", admin on {self.admin_on[0]}:{self.admin_port}"
                  if self._admin and self.admin_on else "")
 
@@ -205,6 +240,9 @@ class Sidecar:
         self._stop_redistributors()
         if self._admin is not None:
             self._admin.close()
+        if self.native is not None:
+            self.native.close()
+            self.native = None
         if self._owns_guard:
             await asyncio.to_thread(self.guard.close)
         self._gc.restore()
@@ -234,6 +272,52 @@ class Sidecar:
                 "max-connections.", self.config.max_connections,
                 self.config.max_connections * FDS_PER_SESSION + 32, budget.soft, budget.hard,
                 budget.in_use, budget.max_sessions)
+
+    def _start_native(self, loop: asyncio.AbstractEventLoop, hosts: list[str],
+                      port: int) -> None:
+        """Start the tokio runtime; it listens and accepts (see native_plane)."""
+        plane = NativePlane(loop)
+        try:
+            plane.on_accept = self._accept_native
+            plane.on_refused = self._refused_by_native
+            if self.upstream.ssl_context is not None:
+                plane.upstream_tls(self.upstream.cafile, self.upstream.insecure)
+            self.port = plane.listen(
+                list(dict.fromkeys(hosts)), port,
+                refusal=_refusal("too many connections: the sidecar is out of file "
+                                 "descriptors; try again later"),
+                tls_files=self.tls_files if self.tls is not None else None,
+                max_tls_handshakes=self.max_handshakes,
+                handshake_timeout=self.config.connect_timeout_ms / 1000.0)
+        except BaseException:
+            plane.close()
+            raise
+        self.native = plane
+
+    def _accept_native(self, transport: NativeTransport) -> None:
+        assert self.native is not None
+        self.native.client_transport(transport, self.client_connection(), self.tls)
+
+    def _refused_by_native(self, why: str) -> None:
+        self.metrics.connections_total.labels("refused").inc()
+        if why == "fd":
+            self._fd_refusals += 1
+            self._warn_fd_refusals()
+
+    async def open_upstream(self, decoder: FrameDecoder, counter: Count) -> FrameConnection:
+        """A connection to the broker on this sidecar's data plane, connected; OSError,
+        TimeoutError or ssl.SSLError if it cannot be made."""
+        upstream = self.upstream
+        if self.native is not None:
+            connection: FrameConnection = NativeConnection(decoder, counter)
+            await self.native.connect(connection, upstream.host, upstream.port,
+                                      tls=upstream.ssl_context is not None)
+            return connection
+        connection = FrameConnection(decoder, counter)
+        await asyncio.get_running_loop().create_connection(
+            lambda: connection, upstream.host, upstream.port, ssl=upstream.ssl_context,
+            server_hostname=upstream.host if upstream.ssl_context else None)
+        return connection
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         """Accept clients one at a time, the others' reads served in between.
@@ -320,6 +404,9 @@ class Sidecar:
                     sock.close()
         finally:
             spare.take()
+        self._warn_fd_refusals()
+
+    def _warn_fd_refusals(self) -> None:
         now = time.monotonic()
         if self._fd_refusals and now - self._fd_warned_at >= _FD_WARNING_INTERVAL:
             self._fd_warned_at = now
@@ -329,6 +416,8 @@ class Sidecar:
             self._fd_refusals = 0
 
     def _stop_listening(self) -> None:
+        if self.native is not None:
+            self.native.close_listeners()
         for task in self._accept_tasks:
             task.cancel()
         self._accept_tasks = []
@@ -345,7 +434,8 @@ class Sidecar:
         # Client frames are always encoded again (see ProxySession._write_broker): no
         # need to keep their received octets.
         decoder = FrameDecoder(limits=self.limits, commands=CLIENT_COMMANDS, keep_wire=False)
-        return FrameConnection(
+        kind = NativeConnection if self.data_plane == "native" else FrameConnection
+        return kind(
             decoder, self.metrics.bytes.labels("client"), on_made=self._accept,
             handshake_bytes=min(self.config.max_handshake_frame_bytes,
                                 self.config.max_frame_bytes))
@@ -584,10 +674,21 @@ def _outcome_label(outcome: str) -> str:
     return outcome if outcome in known else "other"
 
 
+#: The environment variable that picks the data plane of every :class:`SidecarThread`
+#: not given one (so that a test suite runs against either plane).
+DATA_PLANE_ENV = "MQGUARD_DATA_PLANE"
+
+
 class SidecarThread:
     """A sidecar on an event loop of its own thread (tests, benchmarks, the demo)."""
 
-    def __init__(self, sidecar: Sidecar, *, event_loop: str = "asyncio") -> None:
+    def __init__(self, sidecar: Sidecar, *, event_loop: str = "asyncio",
+                 data_plane: str | None = None) -> None:
+        """``data_plane``: ``python`` or ``native`` instead of the sidecar's own; when
+        None, the environment variable :data:`DATA_PLANE_ENV` if set."""
+        data_plane = data_plane or os.environ.get(DATA_PLANE_ENV) or None
+        if data_plane is not None:
+            sidecar.use_data_plane(data_plane)
         self.sidecar = sidecar
         self._loop = loop_factory(event_loop)()
         self._started = threading.Event()

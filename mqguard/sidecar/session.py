@@ -308,11 +308,9 @@ class ProxySession:
         timeout = self.sidecar.config.connect_timeout_ms / 1000.0
         try:
             async with asyncio.timeout(timeout):
-                broker = FrameConnection(self._broker_decoder,
-                                         self.metrics.bytes.labels("broker"))
-                await asyncio.get_running_loop().create_connection(
-                    lambda: broker, upstream.host, upstream.port, ssl=upstream.ssl_context,
-                    server_hostname=upstream.host if upstream.ssl_context else None)
+                # On the sidecar's data plane (asyncio's sockets or the native runtime's).
+                broker = await self.sidecar.open_upstream(self._broker_decoder,
+                                                          self.metrics.bytes.labels("broker"))
         except OSError as exc:
             if exc.errno not in _OUT_OF_DESCRIPTORS:
                 self._unreachable(exc)

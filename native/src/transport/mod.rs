@@ -1,5 +1,17 @@
+//! The sidecar's sockets on a tokio runtime: listeners, both legs of every proxied
+//! connection (TCP or TLS), back-pressure between the legs, and the event queue that
+//! hands their reads to Python in batches (see docs/sidecar.md, "Data planes").
+
 use pyo3::prelude::*;
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+mod events;
+mod leg;
+mod plane;
+mod tls;
+
+pub use plane::Plane;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Plane>()?;
     Ok(())
 }

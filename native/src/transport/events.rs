@@ -1,0 +1,57 @@
+//! What the tokio side tells Python: a queue of events and one wake-up per burst.
+//!
+//! Every I/O task pushes here; the asyncio loop watches the read end of a socket pair
+//! (`loop.add_reader`) and takes the whole queue in one `Plane.drain()` call. A byte is
+//! written to the pair only when the queue goes from "drained" to "pending", so a burst
+//! of reads on many connections costs the loop one wake-up and the GIL one acquisition.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// One thing that happened on a leg (a connection's socket), or on a listener.
+pub enum Event {
+    /// The octets of one read.
+    Data(u64, Vec<u8>),
+    /// The peer closed its sending side; writing may go on.
+    Eof(u64),
+    /// The leg is gone (socket closed): `Some` for an I/O error (errno, text).
+    Closed(u64, Option<(i32, String)>),
+    /// A client connection was accepted (and its TLS handshake done): peer host, port.
+    Accepted(u64, String, u16),
+    /// An upstream connection is up (and its TLS handshake done).
+    Connected(u64),
+    /// An upstream connection failed: errno (0: none), text, whether TLS refused it.
+    ConnectFailed(u64, i32, String, bool),
+    /// A client was refused by the listener itself: "fd" (out of descriptors) or "tls"
+    /// (too many TLS handshakes in progress, or one that failed).
+    Refused(&'static str),
+}
+
+pub struct Events {
+    queue: Mutex<Vec<Event>>,
+    pending: AtomicBool,
+    wake: UnixStream,
+}
+
+impl Events {
+    pub fn new(wake: UnixStream) -> Self {
+        Events { queue: Mutex::new(Vec::new()), pending: AtomicBool::new(false), wake }
+    }
+
+    pub fn push(&self, event: Event) {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            // Non-blocking: a full pair means a wake-up is already on its way.
+            let _ = (&self.wake).write(&[1]);
+        }
+    }
+
+    /// Everything pushed so far. The flag is cleared first: an event pushed after this
+    /// call's swap writes a new wake-up byte, so none is left unseen.
+    pub fn take(&self) -> Vec<Event> {
+        self.pending.store(false, Ordering::Release);
+        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}

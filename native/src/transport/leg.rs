@@ -1,0 +1,290 @@
+//! One leg of a proxied connection: a socket (TCP or TLS) with a reader and a writer.
+//!
+//! The reader hands each read to the event queue (see `events`); the writer drains the
+//! leg's outgoing queue, coalescing what Python wrote since its last write into one
+//! system call. Both run concurrently inside one task, so that a reset can take the two
+//! halves of the stream back and drop the socket with `SO_LINGER 0`.
+//!
+//! Reading pauses for any of four reasons, kept as bits: Python asked (`PY`: the
+//! handshake hold, a full pre-relay queue), the coupled leg's outgoing queue is over
+//! its high-water mark (`PEER`: back-pressure), Python has not drained this leg's reads
+//! yet (`BACKLOG`: the loop is behind) or reading stopped for good (`STOP`).
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::Notify;
+
+use super::events::{Event, Events};
+
+pub const PY: u8 = 1;
+pub const PEER: u8 = 2;
+pub const BACKLOG: u8 = 4;
+pub const STOP: u8 = 8;
+
+/// Outgoing bytes above which the coupled leg stops reading (as asyncio's write buffer).
+pub const HIGH_WATER: usize = 1 << 20;
+/// ... and below which it reads again.
+pub const LOW_WATER: usize = HIGH_WATER / 4;
+/// Read octets Python has not drained yet above which this leg stops reading.
+pub const BACKLOG_LIMIT: usize = 1 << 20;
+/// Size of one read.
+const READ_SIZE: usize = 64 * 1024;
+/// Most octets of queued writes joined into one write.
+const COALESCE: usize = 256 * 1024;
+
+/// A socket the leg can read, write and, for a reset, reach as TCP.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Io for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Io for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
+impl Io for tokio_rustls::client::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
+pub enum Cmd {
+    Data(Vec<u8>),
+    /// Write what is queued, shut the sending side down, close.
+    Close,
+}
+
+/// How a leg ends without waiting for its queue.
+const END_ABORT: u8 = 1;
+const END_RESET: u8 = 2;
+
+/// The state of a leg that Python's calls and the leg's task share.
+pub struct Shared {
+    pub id: u64,
+    pauses: AtomicU8,
+    gate: Notify,
+    queued: AtomicUsize,
+    backlog: AtomicUsize,
+    peer: Mutex<Option<Arc<Shared>>>,
+    holding_peer: AtomicBool,
+    end: AtomicU8,
+    end_now: Notify,
+    tx: UnboundedSender<Cmd>,
+}
+
+impl Shared {
+    pub fn new(id: u64, tx: UnboundedSender<Cmd>) -> Arc<Self> {
+        Arc::new(Shared {
+            id,
+            pauses: AtomicU8::new(0),
+            gate: Notify::new(),
+            queued: AtomicUsize::new(0),
+            backlog: AtomicUsize::new(0),
+            peer: Mutex::new(None),
+            holding_peer: AtomicBool::new(false),
+            end: AtomicU8::new(0),
+            end_now: Notify::new(),
+            tx,
+        })
+    }
+
+    pub fn set_pause(&self, bit: u8, on: bool) {
+        if on {
+            self.pauses.fetch_or(bit, Ordering::AcqRel);
+        } else if self.pauses.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+            // notify_one keeps a permit: a reader about to wait still sees it.
+            self.gate.notify_one();
+        }
+    }
+
+    pub fn couple(&self, peer: Option<Arc<Shared>>) {
+        *self.peer.lock().unwrap_or_else(|e| e.into_inner()) = peer;
+    }
+
+    fn peer(&self) -> Option<Arc<Shared>> {
+        self.peer.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Queue `data`; over the high-water mark, the coupled leg stops reading.
+    pub fn write(&self, data: Vec<u8>) {
+        let size = data.len();
+        if size == 0 || self.tx.send(Cmd::Data(data)).is_err() {
+            return; // the leg is gone: nothing more reaches its peer
+        }
+        let queued = self.queued.fetch_add(size, Ordering::AcqRel) + size;
+        if queued > HIGH_WATER && !self.holding_peer.swap(true, Ordering::AcqRel) {
+            if let Some(peer) = self.peer() {
+                peer.set_pause(PEER, true);
+            }
+        }
+    }
+
+    fn wrote(&self, size: usize) {
+        let queued = self.queued.fetch_sub(size, Ordering::AcqRel) - size;
+        if queued <= LOW_WATER && self.holding_peer.swap(false, Ordering::AcqRel) {
+            if let Some(peer) = self.peer() {
+                peer.set_pause(PEER, false);
+            }
+        }
+    }
+
+    /// Release the coupled leg for good (this one ended: nothing waits on its queue).
+    fn release_peer(&self) {
+        if let Some(peer) = self.peer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if self.holding_peer.swap(false, Ordering::AcqRel) {
+                peer.set_pause(PEER, false);
+            }
+        }
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Python took `size` read octets of this leg.
+    pub fn drained(&self, size: usize) {
+        let left = self.backlog.fetch_sub(size, Ordering::AcqRel) - size;
+        if left <= BACKLOG_LIMIT / 2 {
+            self.set_pause(BACKLOG, false);
+        }
+    }
+
+    pub fn close(&self) {
+        let _ = self.tx.send(Cmd::Close);
+    }
+
+    /// Drop the connection now; `reset`: with an RST (SO_LINGER 0), discarding what
+    /// the kernel still holds for a peer that does not read.
+    pub fn end_now(&self, reset: bool) {
+        self.end.fetch_max(if reset { END_RESET } else { END_ABORT }, Ordering::AcqRel);
+        self.end_now.notify_one();
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    shared: &Shared,
+    events: &Events,
+    quick_ack: Option<&socket2::Socket>,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; READ_SIZE];
+    loop {
+        while shared.pauses.load(Ordering::Acquire) != 0 {
+            shared.gate.notified().await;
+        }
+        let size = reader.read(&mut buf).await?;
+        if size == 0 {
+            events.push(Event::Eof(shared.id));
+            return Ok(());
+        }
+        if let Some(socket) = quick_ack {
+            // The kernel leaves quick-ack mode by itself: re-armed after every read.
+            let _ = socket.set_tcp_quickack(true);
+        }
+        if shared.backlog.fetch_add(size, Ordering::AcqRel) + size > BACKLOG_LIMIT {
+            shared.set_pause(BACKLOG, true);
+            // Drained in between: the flag must not outlive the backlog.
+            if shared.backlog.load(Ordering::Acquire) <= BACKLOG_LIMIT / 2 {
+                shared.set_pause(BACKLOG, false);
+            }
+        }
+        events.push(Event::Data(shared.id, buf[..size].to_vec()));
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    rx: &mut UnboundedReceiver<Cmd>,
+    shared: &Shared,
+) -> io::Result<()> {
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let mut close = false;
+        match rx.recv().await {
+            Some(Cmd::Data(data)) => buf = data,
+            Some(Cmd::Close) | None => close = true,
+        }
+        while !close && buf.len() < COALESCE {
+            match rx.try_recv() {
+                Ok(Cmd::Data(data)) => buf.extend_from_slice(&data),
+                Ok(Cmd::Close) => close = true,
+                Err(_) => break,
+            }
+        }
+        if !buf.is_empty() {
+            writer.write_all(&buf).await?;
+            writer.flush().await?;
+            shared.wrote(buf.len());
+            buf.clear();
+        }
+        if close {
+            writer.shutdown().await?;
+            return Ok(());
+        }
+    }
+}
+
+/// A duplicate of `io`'s socket to re-arm TCP_QUICKACK through after each read.
+///
+/// A broker writing with Nagle on (ActiveMQ's default transport) sends a RECEIPT and
+/// the MESSAGE behind it as two small segments, and the MESSAGE waits for the ack of
+/// the RECEIPT, which Linux delays by 40 ms unless quick-ack mode is on.
+pub fn quick_ack_of<S: Io>(io: &S) -> Option<socket2::Socket> {
+    use std::os::fd::AsFd;
+    io.tcp().as_fd().try_clone_to_owned().ok().map(socket2::Socket::from)
+}
+
+/// Serve one leg until it closes, then report how (`Event::Closed`).
+pub async fn run<S: Io + 'static>(
+    io: S,
+    shared: Arc<Shared>,
+    mut rx: UnboundedReceiver<Cmd>,
+    events: Arc<Events>,
+    quick_ack: Option<socket2::Socket>,
+) {
+    let (mut reader, mut writer) = tokio::io::split(io);
+    let outcome: Option<io::Error>;
+    {
+        let read = read_loop(&mut reader, &shared, &events, quick_ack.as_ref());
+        let write = write_loop(&mut writer, &mut rx, &shared);
+        tokio::pin!(read);
+        tokio::pin!(write);
+        let mut reading = true;
+        outcome = loop {
+            tokio::select! {
+                done = &mut read, if reading => match done {
+                    Ok(()) => reading = false, // end of stream: writing goes on
+                    Err(error) => break Some(error),
+                },
+                done = &mut write => break done.err(),
+                _ = shared.end_now.notified() => break None,
+            }
+        };
+    }
+    shared.set_pause(STOP, true);
+    shared.release_peer();
+    if shared.end.load(Ordering::Acquire) == END_RESET {
+        let io = reader.unsplit(writer);
+        let _ = io.tcp().set_zero_linger();
+        drop(io);
+    } else {
+        drop(reader);
+        drop(writer);
+    }
+    drop(quick_ack);
+    rx.close();
+    let error = outcome.map(|e| (e.raw_os_error().unwrap_or(0), e.to_string()));
+    events.push(Event::Closed(shared.id, error));
+}

@@ -1,0 +1,461 @@
+//! `Plane`: the tokio runtime of one sidecar, its listeners and legs, seen from Python.
+//!
+//! Every method is called on the asyncio loop's thread with the GIL held and returns
+//! without waiting for I/O: it hands a command to a leg's task or spawns one. What
+//! happens on the sockets comes back as events (see `events`), taken by `drain`.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::rustls::ClientConfig;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::events::{Event, Events};
+use super::leg::{self, Io, Shared, PY, STOP};
+use super::tls;
+
+/// Event kinds, as `drain` returns them (first item of each tuple).
+const DATA: u8 = 0;
+const EOF: u8 = 1;
+const CLOSED: u8 = 2;
+const ACCEPTED: u8 = 3;
+const CONNECTED: u8 = 4;
+const CONNECT_FAILED: u8 = 5;
+const REFUSED: u8 = 6;
+
+struct Inner {
+    events: Arc<Events>,
+    legs: Mutex<HashMap<u64, Arc<Shared>>>,
+    next_id: AtomicU64,
+    upstream_tls: Mutex<Option<Arc<ClientConfig>>>,
+}
+
+impl Inner {
+    fn leg(&self, id: u64) -> Option<Arc<Shared>> {
+        self.legs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
+    }
+
+    fn new_leg(&self) -> (Arc<Shared>, mpsc::UnboundedReceiver<leg::Cmd>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Shared::new(id, tx);
+        self.legs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, shared.clone());
+        (shared, rx)
+    }
+
+    fn start<S: Io + 'static>(
+        self: &Arc<Self>,
+        io: S,
+        shared: Arc<Shared>,
+        rx: mpsc::UnboundedReceiver<leg::Cmd>,
+        quick_ack: bool,
+    ) {
+        let quick_ack = if quick_ack { leg::quick_ack_of(&io) } else { None };
+        tokio::spawn(leg::run(io, shared, rx, self.events.clone(), quick_ack));
+    }
+}
+
+/// What a listener needs to know besides its address.
+struct Listening {
+    tls: Option<TlsAcceptor>,
+    /// TLS handshakes in progress, at most.
+    max_setting_up: usize,
+    setting_up: Arc<AtomicUsize>,
+    handshake_timeout: Duration,
+    /// The ERROR frame a client gets when no descriptor is left to serve it.
+    refusal: Vec<u8>,
+}
+
+/// The sidecar's native data plane: a tokio runtime owning its sockets.
+#[pyclass(module = "mqguard_native", frozen)]
+pub struct Plane {
+    runtime: Mutex<Option<Runtime>>,
+    inner: Arc<Inner>,
+    wake_read: UnixStream,
+    listeners: Mutex<Vec<JoinHandle<()>>>,
+}
+
+#[pymethods]
+impl Plane {
+    #[new]
+    #[pyo3(signature = (worker_threads = 1))]
+    fn new(worker_threads: usize) -> PyResult<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads.clamp(1, 16))
+            .thread_name("mqguard-native")
+            .enable_all()
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("tokio runtime: {e}")))?;
+        let (wake_read, wake_write) = UnixStream::pair()?;
+        wake_read.set_nonblocking(true)?;
+        wake_write.set_nonblocking(true)?;
+        Ok(Plane {
+            runtime: Mutex::new(Some(runtime)),
+            inner: Arc::new(Inner {
+                events: Arc::new(Events::new(wake_write)),
+                legs: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+                upstream_tls: Mutex::new(None),
+            }),
+            wake_read,
+            listeners: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The descriptor the asyncio loop watches: readable when events are pending.
+    fn wake_fd(&self) -> i32 {
+        self.wake_read.as_raw_fd()
+    }
+
+    /// Bind and listen on every address (all on the port the first one got when `port`
+    /// is 0), and accept clients from now on; returns the port.
+    #[pyo3(signature = (hosts, port, refusal, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000))]
+    #[allow(clippy::too_many_arguments)]
+    fn listen(
+        &self,
+        hosts: Vec<String>,
+        port: u16,
+        refusal: Vec<u8>,
+        cert: Option<String>,
+        key: Option<String>,
+        max_tls_handshakes: usize,
+        handshake_timeout_ms: u64,
+    ) -> PyResult<u16> {
+        let tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some(TlsAcceptor::from(
+                tls::server_config(&cert, &key).map_err(PyValueError::new_err)?,
+            )),
+            (None, None) => None,
+            _ => return Err(PyValueError::new_err("TLS needs both a certificate and a key")),
+        };
+        let setup = Arc::new(Listening {
+            tls,
+            max_setting_up: max_tls_handshakes.max(1),
+            setting_up: Arc::new(AtomicUsize::new(0)),
+            handshake_timeout: Duration::from_millis(handshake_timeout_ms),
+            refusal,
+        });
+        let handle = self.handle()?;
+        let _guard = handle.enter();
+        let mut port = port;
+        let mut listeners = Vec::new();
+        for host in hosts {
+            let ip: std::net::IpAddr = host
+                .parse()
+                .map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
+            let addr = SocketAddr::new(ip, port);
+            let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+            socket.set_reuseaddr(true)?;
+            if addr.is_ipv6() {
+                socket2::SockRef::from(&socket).set_only_v6(true)?;
+            }
+            socket.bind(addr)?;
+            let listener = socket.listen(128)?;
+            port = listener.local_addr()?.port();
+            listeners.push(listener);
+        }
+        let mut tasks = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        for listener in listeners {
+            tasks.push(handle.spawn(accept_loop(listener, setup.clone(), self.inner.clone())));
+        }
+        Ok(port)
+    }
+
+    /// Stop accepting (listening sockets closed); legs are not touched.
+    fn close_listeners(&self) {
+        for task in self.listeners.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            task.abort();
+        }
+    }
+
+    /// How the upstream leg does TLS: trust `cafile`'s CAs, or any certificate.
+    #[pyo3(signature = (cafile = None, insecure = false))]
+    fn upstream_tls(&self, cafile: Option<String>, insecure: bool) -> PyResult<()> {
+        let config = tls::client_config(cafile.as_deref(), insecure).map_err(PyValueError::new_err)?;
+        *self.inner.upstream_tls.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
+        Ok(())
+    }
+
+    /// Open a leg to the broker; returns its id at once, the outcome comes as an event.
+    #[pyo3(signature = (host, port, tls = false, quick_ack = false))]
+    fn connect(&self, host: String, port: u16, tls: bool, quick_ack: bool) -> PyResult<u64> {
+        let config = if tls {
+            let config = self.inner.upstream_tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            Some(config.ok_or_else(|| PyRuntimeError::new_err("upstream TLS not configured"))?)
+        } else {
+            None
+        };
+        let (shared, rx) = self.inner.new_leg();
+        let id = shared.id;
+        let inner = self.inner.clone();
+        self.handle()?.spawn(async move {
+            match open_upstream(&host, port, config).await {
+                Ok(Upstream::Plain(tcp)) => {
+                    inner.events.push(Event::Connected(id));
+                    inner.start(tcp, shared, rx, quick_ack);
+                }
+                Ok(Upstream::Tls(stream)) => {
+                    inner.events.push(Event::Connected(id));
+                    inner.start(*stream, shared, rx, quick_ack);
+                }
+                Err((errno, text, tls_error)) => {
+                    inner.legs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    inner.events.push(Event::ConnectFailed(id, errno, text, tls_error));
+                }
+            }
+        });
+        Ok(id)
+    }
+
+    /// Queue `data` on the leg (nothing happens once the leg has closed).
+    fn write(&self, leg: u64, data: &[u8]) {
+        if let Some(shared) = self.inner.leg(leg) {
+            shared.write(data.to_vec());
+        }
+    }
+
+    /// Octets queued on the leg and not written yet.
+    fn queued(&self, leg: u64) -> usize {
+        self.inner.leg(leg).map_or(0, |shared| shared.queued())
+    }
+
+    /// Pause (true) or resume (false) reading, on Python's behalf.
+    fn pause(&self, leg: u64, paused: bool) {
+        if let Some(shared) = self.inner.leg(leg) {
+            shared.set_pause(PY, paused);
+        }
+    }
+
+    /// Read nothing more from the leg.
+    fn stop_reading(&self, leg: u64) {
+        if let Some(shared) = self.inner.leg(leg) {
+            shared.set_pause(STOP, true);
+        }
+    }
+
+    /// Reading of `peer` pauses while `leg`'s outgoing queue is over the high-water mark.
+    fn couple(&self, leg: u64, peer: u64) {
+        if let Some(shared) = self.inner.leg(leg) {
+            shared.couple(self.inner.leg(peer));
+        }
+    }
+
+    /// Write what is queued, then shut down and close; `Closed` follows.
+    fn close(&self, leg: u64) {
+        if let Some(shared) = self.inner.leg(leg) {
+            shared.close();
+        }
+    }
+
+    /// Close now, dropping what is queued; `reset`: with an RST (SO_LINGER 0).
+    #[pyo3(signature = (leg, reset = false))]
+    fn abort(&self, leg: u64, reset: bool) {
+        if let Some(shared) = self.inner.leg(leg) {
+            shared.end_now(reset);
+        }
+    }
+
+    /// Every event since the last call, as tuples `(kind, leg, a, b)`.
+    ///
+    /// The one place the tokio side's results become Python objects: one GIL-holding
+    /// call per burst of reads, whatever the number of connections.
+    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut buf = [0u8; 256];
+        while matches!((&self.wake_read).read_ready(&mut buf), Ok(n) if n > 0) {}
+        let events = self.inner.events.take();
+        let out = PyList::empty(py);
+        for event in events {
+            let item = match event {
+                Event::Data(id, data) => {
+                    if let Some(shared) = self.inner.leg(id) {
+                        shared.drained(data.len());
+                    }
+                    (DATA, id, PyBytes::new(py, &data).into_any(), py.None().into_bound(py))
+                }
+                Event::Eof(id) => (EOF, id, py.None().into_bound(py), py.None().into_bound(py)),
+                Event::Closed(id, error) => {
+                    self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    match error {
+                        Some((errno, text)) => (
+                            CLOSED,
+                            id,
+                            errno.into_pyobject(py)?.into_any(),
+                            text.into_pyobject(py)?.into_any(),
+                        ),
+                        None => (CLOSED, id, py.None().into_bound(py), py.None().into_bound(py)),
+                    }
+                }
+                Event::Accepted(id, host, port) => (
+                    ACCEPTED,
+                    id,
+                    host.into_pyobject(py)?.into_any(),
+                    port.into_pyobject(py)?.into_any(),
+                ),
+                Event::Connected(id) => {
+                    (CONNECTED, id, py.None().into_bound(py), py.None().into_bound(py))
+                }
+                Event::ConnectFailed(id, errno, text, tls_error) => (
+                    CONNECT_FAILED,
+                    id,
+                    (errno, tls_error).into_pyobject(py)?.into_any(),
+                    text.into_pyobject(py)?.into_any(),
+                ),
+                Event::Refused(why) => (
+                    REFUSED,
+                    0,
+                    why.into_pyobject(py)?.into_any(),
+                    py.None().into_bound(py),
+                ),
+            };
+            out.append(PyTuple::new(py, [
+                item.0.into_pyobject(py)?.into_any(),
+                item.1.into_pyobject(py)?.into_any(),
+                item.2,
+                item.3,
+            ])?)?;
+        }
+        Ok(out)
+    }
+
+    /// Legs open now (connections being set up included).
+    fn leg_count(&self) -> usize {
+        self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Stop the runtime: every leg still open is dropped (after `timeout_ms` at most for
+    /// its tasks to notice).
+    #[pyo3(signature = (timeout_ms = 1000))]
+    fn shutdown(&self, py: Python<'_>, timeout_ms: u64) {
+        self.close_listeners();
+        let runtime = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(runtime) = runtime {
+            py.detach(|| runtime.shutdown_timeout(Duration::from_millis(timeout_ms)));
+        }
+        self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+impl Plane {
+    fn handle(&self) -> PyResult<tokio::runtime::Handle> {
+        self.runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|rt| rt.handle().clone())
+            .ok_or_else(|| PyRuntimeError::new_err("the native data plane was shut down"))
+    }
+}
+
+trait ReadReady {
+    fn read_ready(self, buf: &mut [u8]) -> std::io::Result<usize>;
+}
+
+impl ReadReady for &UnixStream {
+    fn read_ready(self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::Read;
+        let mut stream = self;
+        stream.read(buf)
+    }
+}
+
+enum Upstream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+async fn open_upstream(
+    host: &str,
+    port: u16,
+    tls: Option<Arc<ClientConfig>>,
+) -> Result<Upstream, (i32, String, bool)> {
+    let os_error = |e: std::io::Error| (e.raw_os_error().unwrap_or(0), e.to_string(), false);
+    let tcp = TcpStream::connect((host, port)).await.map_err(os_error)?;
+    let _ = tcp.set_nodelay(true);
+    let Some(config) = tls else { return Ok(Upstream::Plain(tcp)) };
+    let name = tls::server_name(host).map_err(|text| (0, text, true))?;
+    match TlsConnector::from(config).connect(name, tcp).await {
+        Ok(stream) => Ok(Upstream::Tls(Box::new(stream))),
+        Err(e) => Err((e.raw_os_error().unwrap_or(0), e.to_string(), e.raw_os_error().is_none())),
+    }
+}
+
+fn out_of_descriptors(error: &std::io::Error) -> bool {
+    // EMFILE, ENFILE, ENOBUFS, ENOMEM
+    matches!(error.raw_os_error(), Some(24 | 23 | 105 | 12))
+}
+
+async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<Inner>) {
+    // Held so that, out of descriptors, one can be freed to tell a client why it is
+    // refused instead of leaving it in the backlog without a word.
+    let mut spare = File::open("/dev/null").ok();
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                if out_of_descriptors(&error) {
+                    inner.events.push(Event::Refused("fd"));
+                    if spare.take().is_some() {
+                        refuse_one(&listener, &setup).await;
+                        spare = File::open("/dev/null").ok();
+                    }
+                    // Let sessions end and free descriptors before trying again.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                continue; // otherwise a client that left before it was accepted
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let Some(acceptor) = setup.tls.clone() else {
+            let (shared, rx) = inner.new_leg();
+            inner.events.push(Event::Accepted(shared.id, peer.ip().to_string(), peer.port()));
+            inner.start(tcp, shared, rx, false);
+            // One accept per turn: a flood of connections does not starve the reads of
+            // the clients already served (see the sidecar's handshake budget).
+            tokio::task::yield_now().await;
+            continue;
+        };
+        if setup.setting_up.load(Ordering::Acquire) >= setup.max_setting_up {
+            // TLS handshakes in progress count as pending handshakes; over the budget
+            // there is no way to say why in plain text.
+            inner.events.push(Event::Refused("tls"));
+            continue;
+        }
+        setup.setting_up.fetch_add(1, Ordering::AcqRel);
+        let setup = setup.clone();
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let done = tokio::time::timeout(setup.handshake_timeout, acceptor.accept(tcp)).await;
+            setup.setting_up.fetch_sub(1, Ordering::AcqRel);
+            if let Ok(Ok(stream)) = done {
+                let (shared, rx) = inner.new_leg();
+                inner.events.push(Event::Accepted(shared.id, peer.ip().to_string(), peer.port()));
+                inner.start(stream, shared, rx, false);
+            }
+        });
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn refuse_one(listener: &TcpListener, setup: &Listening) {
+    if let Ok(Ok((tcp, _))) =
+        tokio::time::timeout(Duration::from_millis(10), listener.accept()).await
+    {
+        if setup.tls.is_none() {
+            // Fits any socket buffer: written at once or not at all.
+            let _ = tcp.try_write(&setup.refusal);
+        }
+    }
+}
