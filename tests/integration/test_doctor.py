@@ -1,0 +1,214 @@
+"""``mqguard doctor`` against real servers: the well-configured rig passes, an evicting Redis,
+a bad configuration and an unreachable broker fail with exit 2, naming what to fix, without a
+traceback and without credentials (docs/doctor.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import redis
+from click.testing import CliRunner
+
+from mqguard.cli.doctor import doctor
+from mqguard.doctor.broker_activemq import PROBE_QUEUE
+from mqguard.registry import open_adapter
+from mqguard.servers import ServerHandle, start_redis
+from mqguard.servers.ports import free_ports
+
+_DOC = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
+
+
+def _schema() -> dict[str, Any]:
+    block = re.search(r"## JSON output.*?```json\n(.*?)\n```", _DOC.read_text(), re.S)
+    assert block is not None, "docs/doctor.md lost its JSON schema"
+    schema: dict[str, Any] = json.loads(block.group(1))
+    return schema
+
+
+def _doctor(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    """Run ``mqguard doctor --json`` with an empty mqguard.toml unless ``-c`` is given."""
+    config = [] if "-c" in args else ["-c", str(_empty_config(tmp_path))]
+    result = CliRunner().invoke(doctor, [*config, *args, "--json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    payload: dict[str, Any] = json.loads(result.stdout)
+    jsonschema.validate(payload, _schema())
+    assert payload["exit_code"] == result.exit_code
+    return result.exit_code, payload
+
+
+def _empty_config(tmp_path: Path) -> Path:
+    path = tmp_path / "mqguard.toml"
+    if not path.exists():
+        path.write_text("[mqguard]\n")
+    return path
+
+
+def _by_name(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f"{c['area']}/{c['name']}": c for c in payload["checks"]}
+
+
+def _with(payload: dict[str, Any], status: str) -> list[str]:
+    return sorted(f"{c['area']}/{c['name']}" for c in payload["checks"]
+                  if c["status"] == status)
+
+
+def _probe_queue_depth(url: str) -> int:
+    adapter: Any = open_adapter(url, heartbeats=(0, 0))
+    adapter.connect()
+    try:
+        from mqguard.adapter import SubscribeOptions
+
+        seen: list[object] = []
+        sub = adapter.subscribe(PROBE_QUEUE, seen.append, SubscribeOptions(browse=True))
+        assert adapter.wait_browse_end(sub, 10.0)
+        return len(seen)
+    finally:
+        adapter.close()
+
+
+@pytest.mark.activemq
+@pytest.mark.redis
+def test_well_configured_rig_exits_0(tmp_path: Path, mqguard_activemq_server: ServerHandle,
+                                     mqguard_fresh_redis_server: ServerHandle) -> None:
+    stomp = mqguard_activemq_server.urls["stomp"]
+    code, payload = _doctor(tmp_path, "--url", stomp,
+                            "--store", mqguard_fresh_redis_server.urls["redis"])
+    checks = _by_name(payload)
+    assert code == 0, _with(payload, "warning") + _with(payload, "error")
+    assert checks["broker/kind"]["data"]["server"] == f"ActiveMQ/{mqguard_activemq_server.version}"
+    for name in ("broker/scheduler", "broker/max-page-size", "redis/maxmemory-policy",
+                 "redis/persistence", "redis/memory-headroom", "clock/skew-redis",
+                 "clock/skew-broker"):
+        assert checks[name]["status"] == "ok", checks[name]
+    # Same host: both clocks agree within the measurement.
+    for name in ("clock/skew-redis", "clock/skew-broker"):
+        data = checks[name]["data"]
+        assert abs(data["offset_ms"]) <= data["uncertainty_ms"] + 50
+    assert checks["broker/scheduler"]["data"]["delay_ms"] >= 800
+    assert checks["broker/persist-jms-redelivered"]["status"] == "skipped"
+    assert _probe_queue_depth(stomp) == 0  # the probes leave nothing behind
+
+
+@pytest.mark.activemq
+def test_activemq_xml_names_persist_jms_redelivered(
+        tmp_path: Path, mqguard_activemq_server: ServerHandle) -> None:
+    broker_xml = mqguard_activemq_server.state_dir / "conf" / "broker.xml"
+    code, payload = _doctor(tmp_path, "--url", mqguard_activemq_server.urls["stomp"],
+                            "--broker-config", str(broker_xml))
+    # The rig leaves persistJMSRedelivered off (docs/doctor.md): the one warning.
+    assert code == 1
+    assert _with(payload, "warning") == ["broker/persist-jms-redelivered"]
+    check = _by_name(payload)["broker/persist-jms-redelivered"]
+    assert 'persistJMSRedelivered="true"' in check["fix"]
+    assert _by_name(payload)["broker/max-page-size-config"]["data"]["maxPageSize"] == 100000
+
+
+@pytest.mark.redis
+def test_evicting_redis_exits_2_naming_the_setting(tmp_path: Path) -> None:
+    handle = start_redis()  # no AOF, like the session Redis
+    try:
+        client = redis.Redis.from_url(handle.urls["redis"])
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        client.close()
+        code, payload = _doctor(tmp_path, "--store", handle.urls["redis"])
+        assert code == 2
+        assert _with(payload, "error") == ["redis/maxmemory-policy"]
+        check = _by_name(payload)["redis/maxmemory-policy"]
+        assert "allkeys-lru" in check["detail"] and "noeviction" in check["fix"]
+        # Without AOF: a warning, not an error (docs/doctor.md).
+        assert _by_name(payload)["redis/persistence"]["status"] == "warning"
+        # The table says the same to a person.
+        result = CliRunner().invoke(doctor, ["-c", str(_empty_config(tmp_path)),
+                                             "--store", handle.urls["redis"]])
+        assert result.exit_code == 2
+        assert "allkeys-lru" in result.stdout and "noeviction" in result.stdout
+    finally:
+        handle.stop()
+
+
+@pytest.mark.redis
+def test_redis_cluster_slots_and_every_primary(
+        tmp_path: Path, mqguard_redis_cluster_server: ServerHandle) -> None:
+    code, payload = _doctor(tmp_path, "--store", mqguard_redis_cluster_server.urls["redis"])
+    checks = _by_name(payload)
+    assert checks["redis/reachable"]["data"]["primaries"] == 3
+    assert checks["redis/cluster-slots"]["status"] == "ok"
+    assert checks["redis/cluster-slots"]["data"]["slots_ok"] == 16384
+    # The cluster runs without AOF: the warning names all three primaries.
+    persistence = checks["redis/persistence"]
+    assert persistence["status"] == "warning" and persistence["detail"].count("127.0.0.1:") == 3
+    assert code == 1
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[mqguard]\nid-cache-size = "lots"\n')
+    code, payload = _doctor(tmp_path, "-c", str(bad))
+    assert code == 2
+    check = _by_name(payload)["config/validates"]
+    assert check["status"] == "error" and "mqguard.id-cache-size" in check["detail"]
+
+
+def test_unreachable_broker_and_store_exit_2_without_traceback_or_secrets() -> None:
+    broker_port, redis_port = free_ports(2)
+    url = f"stomp://alice:s3cr3t%2Fpw@127.0.0.1:{broker_port}"
+    store = f"redis://:r3dis-pw@127.0.0.1:{redis_port}/0"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    # A process of its own: what an operator runs, exit code and streams included.
+    command = "from mqguard.cli.doctor import doctor; doctor(prog_name='mqguard doctor')"
+    proc = subprocess.run([sys.executable, "-c", command, "--url", url, "--store", store],
+                          capture_output=True, text=True, timeout=60, env=env,
+                          cwd=Path(__file__).parent)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out
+    for secret in ("s3cr3t", "r3dis-pw"):
+        assert secret not in out
+    assert "***" in out and "fix: start the broker" in out.replace("\n", " ").replace("│", "")
+
+
+def test_unreachable_mqtt_broker_exits_2_without_secret(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    code, payload = _doctor(tmp_path, "--url", f"mqtt://bob:hunter2@127.0.0.1:{port}")
+    assert code == 2
+    assert _with(payload, "error") == ["broker/reachable"]
+    assert "hunter2" not in json.dumps(payload)
+
+
+@pytest.mark.mosquitto
+def test_mosquitto_version_and_persistence(tmp_path: Path,
+                                           mqguard_mosquitto_server: ServerHandle) -> None:
+    conf = mqguard_mosquitto_server.state_dir / "mosquitto.conf"
+    code, payload = _doctor(tmp_path, "--url", mqguard_mosquitto_server.urls["mqtt"],
+                            "--broker-config", str(conf))
+    checks = _by_name(payload)
+    assert checks["broker/kind"]["detail"].endswith(mqguard_mosquitto_server.version) or \
+        "mosquitto" in checks["broker/kind"]["detail"]
+    assert checks["broker/persistence"]["status"] == "ok"
+    assert code == 0, _with(payload, "warning") + _with(payload, "error")
+    off = tmp_path / "off.conf"
+    off.write_text(conf.read_text().replace("persistence true", "persistence false"))
+    code, payload = _doctor(tmp_path, "--url", mqguard_mosquitto_server.urls["mqtt"],
+                            "--broker-config", str(off))
+    assert code == 2 and _with(payload, "error") == ["broker/persistence"]
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_without_management_api_skips_what_stomp_cannot_show(
+        tmp_path: Path, mqguard_rabbitmq_server: ServerHandle) -> None:
+    (closed,) = free_ports(1)
+    code, payload = _doctor(tmp_path, "--url", mqguard_rabbitmq_server.urls["stomp"],
+                            "--management-url", f"http://guest:guest@127.0.0.1:{closed}")
+    checks = _by_name(payload)
+    assert checks["broker/kind"]["data"]["kind"] == "rabbitmq"
+    assert checks["broker/queue-types"]["status"] == "skipped"
+    assert "rabbitmq_management" in checks["broker/queue-types"]["fix"]
+    assert code == 0
