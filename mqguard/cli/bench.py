@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from mqguard.cli.bench_audit import audit
+from mqguard.cli.bench_peer import peer
 from mqguard.cli.bench_proxy import proxy
 from mqguard.cli.table import environment, print_table, write_json
 from mqguard.errors import MqguardError
@@ -199,4 +200,5 @@ def reap(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str |
 
 
 bench.add_command(proxy)
+bench.add_command(peer)
 bench.add_command(audit)

@@ -13,6 +13,9 @@ or HornetQ acceptor, NIO journal, the journal and other data in ``$S/data``) and
   ``message-expiry-scan-period``) rendered from an ``mqguard.toml`` by :mod:`mqguard.artemis_xml`,
   by default from an empty one: then Artemis's built-in defaults apply (no dead-letter or expiry
   address: what ``artemis create`` writes for ``#`` is replaced), the same as mqguard's;
+* the ``journal-buffer-timeout`` that ``artemis create``'s auto-tuning measures on this
+  machine (measured once and cached: :func:`~mqguard.servers.artemis_dist.journal_buffer_timeout`),
+  so the journal batches its syncs as a user's installation would;
 * ``max-disk-usage`` 100 (a developer's fuller disk must not block producers) and a
   ``configuration-file-refresh-period`` of 500 ms, so :func:`reload_artemis_config` takes
   effect quickly without a restart.
@@ -43,7 +46,7 @@ from pathlib import Path
 
 from mqguard.artemis_xml import apply_to_broker_xml, set_core_element
 from mqguard.config import MqguardConfig, load_config
-from mqguard.servers.artemis_dist import ARTEMIS_VERSION, artemis_home
+from mqguard.servers.artemis_dist import ARTEMIS_VERSION, artemis_home, journal_buffer_timeout
 from mqguard.servers.handle import (
     ServerHandle,
     ServerStartError,
@@ -126,12 +129,14 @@ def _acceptors(stomp: int, mqtt: int, core: int) -> str:
     ])
 
 
-def _configure(broker_xml: Path, config: MqguardConfig, ports: tuple[int, int, int]) -> None:
+def _configure(broker_xml: Path, config: MqguardConfig, ports: tuple[int, int, int],
+               buffer_timeout: str) -> None:
     text = broker_xml.read_text()
     text = _ACCEPTORS.sub(lambda _m: _acceptors(*ports), text, count=1)
     text = apply_to_broker_xml(text, config)
     text = set_core_element(text, "max-disk-usage", "100")
     text = set_core_element(text, "configuration-file-refresh-period", "500")
+    text = set_core_element(text, "journal-buffer-timeout", buffer_timeout)
     _write(broker_xml, text)
 
 
@@ -193,7 +198,8 @@ def start_artemis(
         _create_instance(home, instance, data, java, heap)
     chosen = ports if ports is not None else tuple(free_ports(3))
     stomp, mqtt, core = chosen
-    _configure(instance / "etc" / "broker.xml", settings, (stomp, mqtt, core))
+    buffer_timeout = journal_buffer_timeout(home, _java_env(java, heap))
+    _configure(instance / "etc" / "broker.xml", settings, (stomp, mqtt, core), buffer_timeout)
     log = instance / "log" / "artemis.log"
     offset = _size(log)  # a previous run's "now active" must not satisfy the wait
     proc = spawn([str(instance / "bin" / "artemis"), "run"], state_dir=base,
@@ -222,7 +228,8 @@ def start_artemis(
         state_dir=base,
         log_path=log,
         version=found.group(1) if found else ARTEMIS_VERSION,
-        meta={"instance": str(instance), "user": ARTEMIS_USER, "heap": heap},
+        meta={"instance": str(instance), "user": ARTEMIS_USER, "heap": heap,
+              "journal_buffer_timeout_ns": buffer_timeout},
     )
     handle.record_pid(proc.pid, extra=False)
     handle.save()

@@ -6,6 +6,9 @@ fetches it (through the user's ``~/.m2`` and its mirrors, so a machine with a re
 manager needs nothing else), and it is unpacked into ``<cache>/artemis/apache-artemis-<version>``
 (see :func:`mqguard.servers.install.cache_dir`). Later calls find it there and touch neither
 Maven nor the network. ``MQGUARD_ARTEMIS_HOME`` names an existing installation to use instead.
+
+:func:`journal_buffer_timeout` is what ``artemis create`` would tune the journal to on this
+machine, measured once and cached beside the distribution.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +27,7 @@ from pathlib import Path
 from mqguard.servers.handle import ServerUnavailable
 from mqguard.servers.install import cache_dir, find_binary
 
-__all__ = ["ARTEMIS_ARTIFACT", "ARTEMIS_VERSION", "artemis_home"]
+__all__ = ["ARTEMIS_ARTIFACT", "ARTEMIS_VERSION", "artemis_home", "journal_buffer_timeout"]
 
 ARTEMIS_VERSION = "2.40.0"
 ARTEMIS_ARTIFACT = f"org.apache.activemq:apache-artemis:{ARTEMIS_VERSION}:zip:bin"
@@ -107,3 +111,48 @@ def _unzip(archive: Path, target: Path) -> None:
             mode = (info.external_attr >> 16) & 0o777
             if mode and not info.is_dir():
                 path.chmod(mode)
+
+
+_TUNED = re.compile(r"<journal-buffer-timeout>(\d+)</journal-buffer-timeout>")
+_TUNE_TIMEOUT = 300.0
+
+
+def journal_buffer_timeout(home: Path, env: dict[str, str]) -> str:
+    """The ``journal-buffer-timeout`` (ns) ``artemis create`` tunes to on this machine.
+
+    ``artemis create`` measures how fast the disk syncs and sets the journal's write
+    batching to match (its "auto tuning", ~7 s); every instance here is created without it,
+    for speed, and gets the value measured once, in the system temp dir (where instances
+    live), and cached in ``<cache>/artemis``. Without it Artemis would batch with its
+    built-in default instead of what a user's installation gets.
+    """
+    cached = cache_dir() / "artemis" / f"journal-buffer-timeout-{ARTEMIS_VERSION}"
+    with contextlib.suppress(OSError):
+        return _checked(cached.read_text().strip())
+    with _file_lock(cached.parent / ".lock"):
+        with contextlib.suppress(OSError):
+            return _checked(cached.read_text().strip())
+        with tempfile.TemporaryDirectory(prefix="mqguard-artemis-tune-") as tmp:
+            instance = Path(tmp) / "instance"
+            cmd = [str(_cli(home)), "create", str(instance), "--user", "tune", "--password",
+                   "tune", "--allow-anonymous", "--no-web", "--silent", "--nio",
+                   "--data", str(Path(tmp) / "data")]
+            try:
+                result = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                        check=False, timeout=_TUNE_TIMEOUT)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise ServerUnavailable(f"tuning the Artemis journal failed: {exc}") from exc
+            broker_xml = instance / "etc" / "broker.xml"
+            found = _TUNED.search(broker_xml.read_text()) if broker_xml.is_file() else None
+            if result.returncode != 0 or found is None:
+                tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+                raise ServerUnavailable(f"tuning the Artemis journal failed "
+                                        f"(exit {result.returncode}):\n{tail}")
+        cached.write_text(found.group(1) + "\n")
+        return found.group(1)
+
+
+def _checked(value: str) -> str:
+    if not value.isdigit():
+        raise OSError(f"not a number of nanoseconds: {value!r}")
+    return value

@@ -20,6 +20,7 @@ PRIMARY_SCHEME = {
     "mosquitto": "mqtt",
     "redis": "redis",
     "redis-cluster": "redis",
+    "artemis": "stomp",
 }
 
 
