@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-pytest_plugins = ["mqguard.testing.pytest_plugin", "mqguard.testing.artemis"]
+pytest_plugins = ["mqguard.testing.pytest_plugin", "mqguard.testing.artemis",
+                  "mqguard.testing.spark_cluster"]
 
 # `python -m pytest` puts the working directory first on sys.path. At the repository root
 # that would make the source folders plugins/ and adapters/ importable as top-level
