@@ -80,6 +80,13 @@ class EventType(enum.StrEnum):
     MOVED = "moved"
     #: A delivery was discarded by a plugin without reaching the handler.
     DELIVERY_DROPPED = "delivery_dropped"
+    #: ``mqguard dlq retry``: a dead letter was sent back (field ``target``) as a copy with
+    #: the id ``new_message_id``, whose second life the audit follows like a sent message.
+    DLQ_RETRIED = "dlq_retried"
+    #: ``mqguard dlq purge``: a dead letter was deleted.
+    DLQ_PURGED = "dlq_purged"
+    #: ``mqguard dlq list`` / ``show``: an address was inspected (fields ``count``, ``reason``).
+    DLQ_INSPECTED = "dlq_inspected"
 
 
 def message_fields(message: Message) -> dict[str, Any]:

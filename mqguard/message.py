@@ -40,6 +40,10 @@ ORIG_QUEUE_HEADER: Final = "_AMQ_ORIG_QUEUE"
 ORIG_MESSAGE_ID_HEADER: Final = "_AMQ_ORIG_MESSAGE_ID"
 ACTUAL_EXPIRY_HEADER: Final = "_AMQ_ACTUAL_EXPIRY"
 MOVE_REASON_HEADER: Final = "mqguard-move-reason"
+#: When the copy was made (epoch ms), and the original's delivery count then: what an
+#: operator inspecting a dead-letter address asks first (``mqguard dlq show``).
+MOVED_AT_HEADER: Final = "mqguard-moved-at"
+ORIG_DELIVERY_COUNT_HEADER: Final = "mqguard-orig-delivery-count"
 #: Deliveries before this one, on a copy the guard re-sent for a delayed redelivery
 #: (the broker sees a new message, so its own redelivered flag is false).
 PRIOR_DELIVERIES_HEADER: Final = "mqguard-prior-deliveries"

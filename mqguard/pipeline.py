@@ -30,7 +30,9 @@ from mqguard.message import (
     ACTUAL_EXPIRY_HEADER,
     ID_BYTES,
     MOVE_REASON_HEADER,
+    MOVED_AT_HEADER,
     ORIG_ADDRESS_HEADER,
+    ORIG_DELIVERY_COUNT_HEADER,
     ORIG_MESSAGE_ID_HEADER,
     ORIG_QUEUE_HEADER,
     PRIOR_DELIVERIES_HEADER,
@@ -1090,6 +1092,9 @@ class Guard:
         copy.headers[ORIG_QUEUE_HEADER] = ctx.queue or message.address
         copy.headers[ORIG_MESSAGE_ID_HEADER] = message.message_id
         copy.headers[MOVE_REASON_HEADER] = reason[:500]
+        copy.headers[MOVED_AT_HEADER] = str(now_ms())
+        if message.delivery_count:
+            copy.headers[ORIG_DELIVERY_COUNT_HEADER] = str(message.delivery_count)
         copy.headers.pop(PRIOR_DELIVERIES_HEADER, None)
         adapter.send(copy, transaction=transaction)
         if transaction is None:

@@ -13,7 +13,8 @@ limits, dead letters, expiry). Each is defined on the events of one message id:
   the consumers got past it (``assume_drained`` turns that last rule off, for a run
   whose consumers drained every address before the watermark).
 - **unexpected**: seen at a consumer but never sent: no ``sent`` / ``send_failed``
-  event and not the copy made by a ``moved`` (dead letter, expiry). Ids that
+  event and not the copy made by a ``moved`` (dead letter, expiry); the copy a
+  ``dlq_retried`` names counts as sent. Ids that
   consumers gave to messages not sent through a guard (``unguarded:`` and
   ``broker:`` prefixes) are counted as **unguarded** (not an error) instead.
 - **duplicated**: handed to the application more than once per queue after a
@@ -99,6 +100,10 @@ ANOMALIES = frozenset(c.name for c in CLASSES if c.anomaly)
 
 #: Synthetic event type: the row a ``moved`` event contributes to its copy's id.
 COPIED = "copied"
+#: A ``dlq_retried`` event contributes a ``sent`` row to its copy's id instead: a retried
+#: dead letter starts a second life at its original address, which must reach a fate like
+#: any accepted message (else it is lost), under an id of its own (its deliveries do not
+#: count against the first life's max-delivery-attempts, nor as duplicates of it).
 TERMINAL = (E.ACKED, E.DEAD_LETTERED, E.EXPIRED, E.DELIVERY_DROPPED)
 #: The terminal types by precedence, for a message's fate when two share its first
 #: millisecond: a dead-lettered or expired message's ack (reason killed / expired) is
@@ -147,7 +152,8 @@ def event_rows(events: DataFrame) -> DataFrame:
     is_message = valid & F.col("message_id").isNotNull()
     own_key = F.when(is_message, F.col("message_id")).otherwise(
         F.concat(F.lit("\u0000"), F.col("row").cast("string")))
-    copy_key = F.when(valid & _is(E.MOVED), F.col("new_message_id"))
+    # A ``dlq_retried`` names its copy too: the copy's row is its send (see COPIED).
+    copy_key = F.when(valid & _types(E.MOVED, E.DLQ_RETRIED), F.col("new_message_id"))
     # Not array_compact: it is a lambda (filter), evaluated row by row outside the
     # generated code; this CASE gives the same arrays (own_key is never null).
     keys = F.when(copy_key.isNull(), F.array(own_key)).otherwise(F.array(own_key, copy_key))
@@ -156,7 +162,8 @@ def event_rows(events: DataFrame) -> DataFrame:
     rows = exploded.select(
         "key", "pos", "node", "file", "file_rank", "row", "ts", "ack_reason", "target",
         "expiration", "delivery_count", "delay_ms", "handled", "delivered_ts",
-        F.when(copy, F.lit(COPIED)).when(valid, F.col("type")).alias("type"),
+        F.when(copy & _is(E.DLQ_RETRIED), F.lit(str(E.SENT))).when(copy, F.lit(COPIED))
+        .when(valid, F.col("type")).alias("type"),
         F.when(copy, F.col("target")).otherwise(F.col("address")).alias("address"),
         F.when(~copy, F.col("queue")).alias("queue"),
         (copy | is_message).alias("is_message"),

@@ -1,0 +1,284 @@
+"""``mqguard dlq``: list, show, retry and purge dead letters (docs/dlq.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from mqguard.adapter import Adapter
+from mqguard.cli.table import print_table
+from mqguard.config import MqguardConfig, load_config
+from mqguard.dlq import (
+    DEFAULT_PREVIEW_BYTES,
+    PurgeOptions,
+    RetryOptions,
+    Selection,
+    attach,
+    configured_addresses,
+    open_dlq_adapter,
+    parse_duration,
+    peek,
+    purge,
+    retry,
+    summarize,
+)
+from mqguard.errors import MqguardError
+from mqguard.events import EventType
+from mqguard.pipeline import Guard
+from mqguard.redact import redact_url
+
+__all__ = ["dlq"]
+
+#: ActiveMQ's own dead-letter queue: listed on ActiveMQ whatever the configuration says.
+ACTIVEMQ_DLQ = "ActiveMQ.DLQ"
+
+url_option = click.option(
+    "--url", required=True, help="Broker URL (stomp://..., mqtt://...); credentials are never "
+                                 "printed.")
+config_option = click.option(
+    "-c", "--config", "config_path", type=click.Path(dir_okay=False),
+    help="mqguard.toml (default ./mqguard.toml if present): store (bridge ids), event log, "
+         "and for `list` the dead-letter and expiry addresses.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@contextlib.contextmanager
+def _connected(url: str, address: str) -> Iterator[Adapter]:
+    try:
+        adapter = open_dlq_adapter(url, address)
+        adapter.connect()
+    except MqguardError as exc:
+        raise _fail(exc) from None
+    try:
+        yield adapter
+    finally:
+        adapter.close()
+
+
+def _config(config_path: str | None) -> MqguardConfig:
+    try:
+        return load_config(config_path)
+    except MqguardError as exc:
+        raise _fail(exc) from None
+
+
+@contextlib.contextmanager
+def _progress(what: str, total: int | None, show: bool) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr, on a terminal only (JSON output and pipes stay clean)."""
+    if not show or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    columns = [TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters: list, show, retry (Artemis retryMessages), purge. See docs/dlq.md."""
+
+
+@dlq.command("list")
+@click.argument("pattern", required=False)
+@url_option
+@config_option
+@click.option("-a", "--address", "addresses", multiple=True,
+              help="A dead-letter address to look at besides those mqguard.toml names "
+                   "(repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Read at most N messages per address.")
+@json_option
+def list_cmd(pattern: str | None, url: str, config_path: str | None,
+             addresses: tuple[str, ...], limit: int | None, as_json: bool) -> None:
+    """Dead-letter and expiry addresses with their message counts, oldest and newest,
+    and counts per original address and per reason.
+
+    The addresses are those mqguard.toml names (dead-letter-address, expiry-address,
+    auto-created DLQ./EXP. queues of literal match keys) plus --address, and
+    ActiveMQ.DLQ on ActiveMQ; PATTERN (an address or a match key such as `#.DLA`)
+    narrows them. Nothing is consumed.
+    """
+    config = _config(config_path)
+    names = configured_addresses(config, addresses, pattern)
+    summaries: list[dict[str, Any]] = []
+    with Guard(config, role="dlq") as guard:
+        for address in names:
+            with _connected(url, address) as adapter:
+                if (adapter.broker == "activemq" and pattern is None
+                        and ACTIVEMQ_DLQ not in names):
+                    names.append(ACTIVEMQ_DLQ)
+                letters = peek(adapter, address, limit=limit)  # on MQTT: attaches too
+            guard.events.emit(EventType.DLQ_INSPECTED, None, address=address,
+                              count=len(letters), reason="list")
+            summaries.append(summarize(address, letters).to_json())
+    if as_json:
+        click.echo(json.dumps({"broker": redact_url(url), "addresses": summaries}, indent=2))
+        return
+    if not summaries:
+        click.echo("no dead-letter or expiry address: name them in mqguard.toml or with "
+                   "--address")
+        return
+    print_table("mqguard dlq list", summaries,
+                ["address", "messages", "expired", "oldest", "newest"])
+    for summary in summaries:
+        for title, key in (("original address", "by_original"), ("reason", "by_reason")):
+            for name, count in summary[key].items():
+                click.echo(f"{summary['address']}: {count} x {title} {name}")
+
+
+@dlq.command("show")
+@click.argument("address")
+@url_option
+@config_option
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Messages shown.")
+@click.option("--preview-bytes", type=click.IntRange(0, 1 << 20),
+              default=DEFAULT_PREVIEW_BYTES, show_default=True,
+              help="Body bytes shown per message (text, else base64).")
+@json_option
+def show(address: str, url: str, config_path: str | None, limit: int, preview_bytes: int,
+         as_json: bool) -> None:
+    """The dead letters of ADDRESS: original address and queue, delivery count, reason,
+    times, headers and a body preview. Nothing is consumed."""
+    config = _config(config_path)
+    with Guard(config, role="dlq") as guard:
+        with _connected(url, address) as adapter:
+            letters = peek(adapter, address, limit=limit)  # on MQTT: attaches too
+        guard.events.emit(EventType.DLQ_INSPECTED, None, address=address, count=len(letters),
+                          reason="show")
+    rows = [letter.to_json(preview_bytes) for letter in letters]
+    if as_json:
+        click.echo(json.dumps({"address": address, "messages": rows}, indent=2))
+        return
+    for row in rows:
+        click.echo(f"- {row['message_id']}  from {row['original_address']} "
+                   f"(queue {row['original_queue']}, message {row['original_message_id']})")
+        click.echo(f"  {row['kind']}: {row['reason']}")
+        click.echo(f"  delivery count {row['delivery_count']}, moved at {row['moved_at']}")
+        for key, value in row["headers"].items():
+            click.echo(f"  {key}: {value}")
+        body = row["body"]
+        shown = body.get("text", body.get("base64"))
+        kind = "text" if "text" in body else "base64"
+        more = ", truncated" if body["truncated"] else ""
+        click.echo(f"  body ({body['size']} bytes{more}, {kind}): {shown}")
+    click.echo(f"{len(rows)} message(s) in {address}")
+
+
+def _selection(ids: tuple[str, ...], original: str | None, older_than: str | None
+               ) -> Selection:
+    try:
+        older = None if older_than is None else parse_duration(older_than, name="--older-than")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from None
+    return Selection.of(ids, original, older)
+
+
+@dlq.command("retry")
+@click.argument("address")
+@url_option
+@config_option
+@click.option("--to", "to", help="Send every copy here instead of its _AMQ_ORIG_ADDRESS.")
+@click.option("--original", help="Only dead letters from this original address (or match "
+                                 "key, e.g. orders.#).")
+@click.option("--id", "ids", multiple=True,
+              help="Only this dead letter (its id, its original message id or the broker's "
+                   "id; repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Retry at most N.")
+@click.option("--rate", type=click.FloatRange(min=0.1), default=None,
+              help="At most N messages a second, so that the fixed consumers are not "
+                   "flooded (default: as fast as the broker confirms).")
+@click.option("--batch", type=click.IntRange(1, 1000), default=100, show_default=True,
+              help="Dead letters per batch (one broker transaction where there are "
+                   "transactions).")
+@click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
+@json_option
+def retry_cmd(address: str, url: str, config_path: str | None, to: str | None,
+              original: str | None, ids: tuple[str, ...], limit: int | None,
+              rate: float | None, batch: int, dry_run: bool, as_json: bool) -> None:
+    """Send the dead letters of ADDRESS back to their original address (Artemis
+    retryMessages): a copy with a reset delivery count and no expiration, confirmed by the
+    broker before the dead letter is acknowledged, with a bridge duplicate id so that an
+    interrupted run sends nothing twice when run again."""
+    config = _config(config_path)
+    options = RetryOptions(to=to, selection=_selection(ids, original, None), limit=limit,
+                           dry_run=dry_run, batch=batch, rate=rate)
+    try:
+        with Guard(config, role="dlq") as guard, _connected(url, address) as adapter, \
+                _progress("retrying", limit, not as_json) as advance:
+            # A dry run acknowledges nothing: closing the connection gives everything back.
+            result = retry(guard, adapter, address, options, progress=advance)
+    except MqguardError as exc:
+        raise _fail(exc) from None
+    _report("mqguard dlq retry", result.to_json(), as_json,
+            ["address", "retried", "completed", "no_origin", "skipped", "seconds"])
+
+
+@dlq.command("purge")
+@click.argument("address")
+@url_option
+@config_option
+@click.option("--older-than", help="Only dead letters moved at least this long ago "
+                                   "(e.g. 10m, 2h, 7d).")
+@click.option("--original", help="Only dead letters from this original address (or match "
+                                 "key).")
+@click.option("--id", "ids", multiple=True, help="Only this dead letter (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Purge at most N.")
+@click.option("--dry-run", is_flag=True, help="Say what would be purged; change nothing.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def purge_cmd(address: str, url: str, config_path: str | None, older_than: str | None,
+              original: str | None, ids: tuple[str, ...], limit: int | None, dry_run: bool,
+              yes: bool, as_json: bool) -> None:
+    """Delete dead letters of ADDRESS for good. Asks first, unless --yes or --dry-run."""
+    selection = _selection(ids, original, older_than)
+    config = _config(config_path)
+    if not dry_run and not yes:
+        what = ", ".join(filter(None, [
+            f"older than {older_than}" if older_than else "",
+            f"from {original}" if original else "", f"{len(ids)} id(s)" if ids else "",
+            f"at most {limit}" if limit else ""])) or "every message"
+        click.confirm(f"Delete {what} in {address} at {redact_url(url)}?", abort=True,
+                      err=True)
+    options = PurgeOptions(selection=selection, limit=limit, dry_run=dry_run)
+    try:
+        with Guard(config, role="dlq") as guard, _connected(url, address) as adapter, \
+                _progress("purging", limit, not as_json) as advance:
+            result = purge(guard, adapter, address, options, progress=advance)
+    except MqguardError as exc:
+        raise _fail(exc) from None
+    _report("mqguard dlq purge", result.to_json(), as_json,
+            ["address", "purged", "skipped", "seconds"])
+
+
+@dlq.command("attach")
+@click.argument("address")
+@url_option
+def attach_cmd(address: str, url: str) -> None:
+    """MQTT: create the persistent session that keeps ADDRESS's dead letters (every dlq
+    command does it too). A no-op on STOMP brokers."""
+    with _connected(url, address) as adapter:
+        attach(adapter, address)
+    click.echo(f"{address}: attached")
+
+
+def _report(title: str, row: dict[str, Any], as_json: bool, columns: list[str]) -> None:
+    if as_json:
+        click.echo(json.dumps(row, indent=2))
+        return
+    print_table(title, [row], columns)
+    for name in ("by_target", "by_original"):
+        for key, count in row.get(name, {}).items():
+            click.echo(f"{count} -> {key}" if name == "by_target" else f"{count} from {key}")

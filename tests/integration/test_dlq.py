@@ -1,0 +1,128 @@
+"""``mqguard dlq`` on real brokers: 20 poison messages dead-lettered, the handler fixed,
+``dlq retry`` (SIGKILLed halfway, then run again), every message handled exactly once and
+the dead-letter address empty; ``list`` / ``show`` JSON; ``purge`` with filters."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from mqguard_tests.dlq import (
+    BROKERS,
+    POISON,
+    Scenario,
+    broker_url,
+    once_each,
+    retry_in_child,
+    wait_handled,
+)
+
+from mqguard.config import parse_config
+from mqguard.dlq import open_dlq_adapter, retry
+from mqguard.message import ORIG_ADDRESS_HEADER
+from mqguard.pipeline import Guard
+from mqguard.testing.waiting import wait_for
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", BROKERS)
+def test_retry_killed_halfway_then_again_handles_each_message_once(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path, mqguard_unique_name: str,
+        mqguard_redis_url: str) -> None:
+    scenario = Scenario(kind, broker_url(kind, request), mqguard_unique_name, tmp_path,
+                        store=mqguard_redis_url)
+    bodies = scenario.dead_letter()
+    assert len(scenario.dla_contents()) == POISON
+
+    context = multiprocessing.get_context("spawn")
+    with scenario.fixed_consumer() as handled:
+        first = context.Process(target=retry_in_child, daemon=True, args=(
+            scenario.url, scenario.dla, scenario.config("dlq-1"), 8.0, 1))
+        first.start()
+        try:
+            wait_for(lambda: len(handled) >= 5 or not first.is_alive(), 60, "the first retries")
+        finally:
+            os.kill(first.pid or 0, signal.SIGKILL)
+            first.join(10)
+        assert 5 <= len(handled) < POISON, "the kill must land halfway"
+        adapter = open_dlq_adapter(scenario.url, scenario.dla)
+        adapter.connect()
+        try:
+            with Guard(parse_config(scenario.config("dlq-2"))) as guard:
+                second = retry(guard, adapter, scenario.dla).to_json()
+        finally:
+            adapter.close()
+        wait_handled(scenario, bodies)
+    assert once_each(handled, bodies) == {}
+    assert second["retried"] + second["completed"] >= 1 and second["no_origin"] == 0
+    assert scenario.dla_contents() == []
+    events = scenario.read_events()
+    retried = {e["new_message_id"] for e in events if e["type"] == "dlq_retried"}
+    assert len(retried) == POISON
+    dead = {e["message_id"] for e in events if e["type"] == "dlq_retried"}
+    acked = {e["message_id"] for e in events if e["type"] == "acked"
+             and e.get("queue") == scenario.dla}
+    assert dead == acked
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_list_show_and_filtered_purge(kind: str, request: pytest.FixtureRequest,
+                                      tmp_path: Path, mqguard_unique_name: str) -> None:
+    scenario = Scenario(kind, broker_url(kind, request), mqguard_unique_name, tmp_path)
+    bodies = scenario.dead_letter(6)
+
+    listing = json.loads(scenario.run("list", "--json"))
+    (summary,) = [a for a in listing["addresses"] if a["address"] == scenario.dla]
+    assert summary["messages"] == 6
+    assert summary["by_original"] == {scenario.name: 6}
+    assert list(summary["by_reason"].values()) == [6]
+    assert "poison" in next(iter(summary["by_reason"]))
+    assert summary["oldest"] <= summary["newest"]
+
+    shown = json.loads(scenario.run("show", scenario.dla, "--limit", "3", "--json"))
+    assert len(shown["messages"]) == 3
+    for row in shown["messages"]:
+        assert row["original_address"] == scenario.name
+        assert row["original_queue"] == scenario.name
+        assert row["delivery_count"] == 1
+        assert row["moved_at"] > 0
+        assert row["body"]["text"].encode() in bodies
+        assert row["headers"][ORIG_ADDRESS_HEADER] == scenario.name
+    # Reading consumed nothing.
+    assert len(scenario.dla_contents()) == 6
+
+    # Filters: nothing is older than a day; another original address matches nothing.
+    out = json.loads(scenario.run("purge", scenario.dla, "--older-than", "1d", "--yes",
+                                  "--json"))
+    assert out["purged"] == 0 and out["skipped"] == 6
+    out = json.loads(scenario.run("purge", scenario.dla, "--original", "elsewhere", "--yes",
+                                  "--json"))
+    assert out["purged"] == 0
+    victim = shown["messages"][0]["message_id"]
+    out = json.loads(scenario.run("purge", scenario.dla, "--id", victim, "--yes", "--json"))
+    assert out["purged"] == 1
+    time.sleep(0.2)
+    left = scenario.dla_contents()
+    assert len(left) == 5 and victim not in {x.message_id for x in left}
+    out = json.loads(scenario.run("purge", scenario.dla, "--original", scenario.name,
+                                  "--older-than", "0s", "--yes", "--json"))
+    assert out["purged"] == 5
+    assert scenario.dla_contents() == []
+    kinds = [e["type"] for e in scenario.read_events()]
+    assert kinds.count("dlq_purged") == 6
+    assert "dlq_inspected" in kinds
+
+
+def test_purge_refuses_a_bad_duration_and_asks_first(tmp_path: Path) -> None:
+    scenario = Scenario("activemq", "stomp://127.0.0.1:9", "q", tmp_path)
+    process = scenario.cli("purge", "q.DLA", "--older-than", "10 parsecs")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and "--older-than" in err and "7d" in err
+    process = scenario.cli("purge", "q.DLA")
+    _, err = process.communicate("n\n", timeout=60)
+    assert process.returncode == 1 and "Delete every message in q.DLA" in err
