@@ -282,3 +282,7 @@ def _report(title: str, row: dict[str, Any], as_json: bool, columns: list[str]) 
     for name in ("by_target", "by_original"):
         for key, count in row.get(name, {}).items():
             click.echo(f"{count} -> {key}" if name == "by_target" else f"{count} from {key}")
+
+
+if __name__ == "__main__":  # python -m mqguard.cli.dlq: the group on its own
+    dlq(prog_name="mqguard dlq")

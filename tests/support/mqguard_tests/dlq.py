@@ -148,7 +148,7 @@ class Scenario:
             adapter.close()
 
     def cli(self, *args: str, node: str = "dlq") -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "mqguard.cli", "dlq", *args, "--url", self.url,
+        command = [sys.executable, "-m", "mqguard.cli.dlq", *args, "--url", self.url,
                    "-c", str(self.toml(node))]
         return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE,
