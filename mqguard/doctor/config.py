@@ -65,7 +65,7 @@ def check_config(path: str | None) -> tuple[list[Check], MqguardConfig | None]:
         make_plugin_manager(config)
     except ConfigError as exc:
         return [Check("config", "validates", Status.ERROR, redact_urls_in(str(exc)),
-                      fix="correct the key named above (mqguard config check PATH shows "
+                      fix="correct the key the message names (mqguard config check PATH shows "
                           "every error; docs/configuration.md lists every key)")], None
     return [Check("config", "validates", Status.OK,
                   f"{config.source}: valid ({len(config.address_settings)} address-settings "

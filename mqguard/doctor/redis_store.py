@@ -10,7 +10,6 @@ and a finding names the nodes it applies to.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +177,22 @@ def _redis_time(conn: redis.Redis) -> Skew:
                                 seconds * 1000 + micros / 1000)
 
 
+def _failure(url: str, step: str, exc: BaseException) -> Check:
+    text = redact_text(f"{type(exc).__name__}: {exc}", url)
+    return Check("redis", step, Status.ERROR, f"{redact_url(url)}: {step} failed: {text}",
+                 fix="start Redis or correct --store / [mqguard] store; check its address, "
+                     "port, password and TLS")
+
+
+def _read_all(client: redis.Redis | RedisCluster) -> tuple[list[_Node], str, redis.Redis]:
+    """Every primary's settings, the Redis version and one primary's connection."""
+    client.ping()
+    primaries = _primaries(client)
+    nodes = [_read_node(name, conn) for name, conn in primaries]
+    first = primaries[0][1]
+    return nodes, str(first.info("server").get("redis_version", "?")), first
+
+
 def check_redis(url: str, budget: RingBudget | None) -> tuple[list[Check], Skew | None]:
     """Every Redis check for the store at ``url``, and its clock skew when measured."""
     where = redact_url(url)
@@ -185,60 +200,36 @@ def check_redis(url: str, budget: RingBudget | None) -> tuple[list[Check], Skew 
         return [Check("redis", "reachable", Status.ERROR, f"store URL {where}: "
                       f"{AMBIGUOUS_USERINFO}", fix="percent-encode the user name and "
                       "password in the store URL")], None
-    checks: list[Check] = []
-
-    def guarded(step: str, fn: Callable[[], None]) -> bool:
-        try:
-            fn()
-        except (RedisError, RedisClusterException, OSError, ValueError) as exc:
-            text = redact_text(f"{type(exc).__name__}: {exc}", url)
-            checks.append(Check("redis", step, Status.ERROR,
-                                f"{where}: {step} failed: {text}",
-                                fix="start Redis or correct --store / [mqguard] store; "
-                                    "check its address, port, password and TLS"))
-            return False
-        return True
-
-    client: redis.Redis | RedisCluster | None = None
-    holder: dict[str, Any] = {}
-
-    def connect() -> None:
-        nonlocal client
-        client = _open(url)
-        holder["info"] = client.info("server") if isinstance(client, redis.Redis) else {}
-        client.ping()
-
-    if not guarded("reachable", connect) or client is None:
-        return checks, None
+    errors = (RedisError, RedisClusterException, OSError, ValueError, IndexError)
     try:
+        client = _open(url)
+    except errors as exc:
+        return [_failure(url, "reachable", exc)], None
+    try:
+        try:
+            nodes, version, first = _read_all(client)
+        except errors as exc:
+            return [_failure(url, "reachable", exc)], None
         cluster = isinstance(client, RedisCluster)
-        nodes: list[_Node] = []
-
-        def read() -> None:
-            for name, conn in _primaries(client):  # type: ignore[arg-type]
-                nodes.append(_read_node(name, conn))
-                holder.setdefault("info", {}).setdefault("redis_version",
-                                                          conn.info("server")["redis_version"])
-                holder.setdefault("time_conn", conn)
-
-        if not guarded("settings", read):
-            return checks, None
-        version = holder.get("info", {}).get("redis_version", "?")
-        checks.append(Check("redis", "reachable", Status.OK,
-                            f"{where}: Redis {version}"
-                            + (f", Cluster of {len(nodes)} primaries" if cluster else ""),
-                            data={"version": version, "cluster": cluster,
-                                  "primaries": len(nodes)}))
-        if cluster:
-            assert isinstance(client, RedisCluster)
-            cluster_client = client
-            guarded("cluster-slots", lambda: checks.append(_cluster(cluster_client)))
+        checks = [Check("redis", "reachable", Status.OK,
+                        f"{where}: Redis {version}"
+                        + (f", Cluster of {len(nodes)} primaries" if cluster else ""),
+                        data={"version": version, "cluster": cluster,
+                              "primaries": len(nodes)})]
+        if isinstance(client, RedisCluster):
+            try:
+                checks.append(_cluster(client))
+            except errors as exc:
+                checks.append(_failure(url, "cluster-slots", exc))
         checks.append(_eviction(nodes))
         checks.append(_persistence(nodes))
         if budget is not None:
             checks.append(_headroom(nodes, budget))
-        skew: list[Skew] = []
-        guarded("time", lambda: skew.append(_redis_time(holder["time_conn"])))
-        return checks, (skew[0] if skew else None)
+        try:
+            skew: Skew | None = _redis_time(first)
+        except errors as exc:
+            checks.append(_failure(url, "time", exc))
+            skew = None
+        return checks, skew
     finally:
         client.close()

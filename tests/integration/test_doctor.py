@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from mqguard.doctor.broker_activemq import PROBE_QUEUE
 from mqguard.registry import open_adapter
 from mqguard.servers import ServerHandle, start_redis
 from mqguard.servers.ports import free_ports
+from mqguard.servers.rabbitmq import rabbitmqctl, start_rabbitmq
 
 _DOC = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
 
@@ -212,3 +214,60 @@ def test_rabbitmq_without_management_api_skips_what_stomp_cannot_show(
     assert checks["broker/queue-types"]["status"] == "skipped"
     assert "rabbitmq_management" in checks["broker/queue-types"]["fix"]
     assert code == 0
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_with_management() -> Iterator[tuple[ServerHandle, str]]:
+    """A private RabbitMQ node with the management API on a free loopback port (the
+    session node has no management plugin), enabled on the running node."""
+    handle = start_rabbitmq()
+    try:
+        port = free_ports(1)[0]
+        plugins = handle.state_dir / "enabled_plugins"
+        plugins.write_text("[rabbitmq_stomp,rabbitmq_mqtt,rabbitmq_management].\n")
+        rabbitmqctl(handle, "eval",
+                    f"application:set_env(rabbitmq_management, tcp_config, "
+                    f'[{{port, {port}}}, {{ip, "127.0.0.1"}}]), '
+                    f'rabbit_plugins:ensure("{plugins}").')
+        yield handle, f"http://guest:guest@127.0.0.1:{port}"
+    finally:
+        handle.stop()
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_queue_types_expiry_policy_and_clock_from_the_management_api(
+        tmp_path: Path, rabbitmq_with_management: tuple[ServerHandle, str]) -> None:
+    handle, management = rabbitmq_with_management
+    args = ("--url", handle.urls["stomp"], "--management-url", management)
+    code, payload = _doctor(tmp_path, *args)
+    checks = _by_name(payload)
+    assert checks["broker/expiry-policy"]["status"] == "warning"
+    assert "set_policy" in checks["broker/expiry-policy"]["fix"]
+    skew = checks["clock/skew-broker"]
+    assert skew["status"] == "ok" and skew["data"]["uncertainty_ms"] >= 1000
+    assert "guest:guest" not in json.dumps(payload)
+    assert code == 1
+
+    rabbitmqctl(handle, "set_policy", "--apply-to", "queues", "mqguard-expiry", r"^orders\.",
+                '{"dead-letter-exchange":"","dead-letter-routing-key":"mqguard.expired"}')
+    code, payload = _doctor(tmp_path, *args)
+    assert "does not exist" in _by_name(payload)["broker/expiry-policy"]["detail"]
+
+    # The holding queue (as `mqguard reap` declares it) and a quorum queue.
+    adapter: Any = open_adapter(handle.urls["stomp"], heartbeats=(0, 0))
+    adapter.connect()
+    try:
+        from mqguard.adapter import SubscribeOptions
+
+        adapter.unsubscribe(adapter.subscribe("mqguard.expired", lambda d: None))
+        adapter.unsubscribe(adapter.subscribe(
+            "orders.quorum", lambda d: None,
+            SubscribeOptions(headers={"x-queue-type": "quorum", "durable": "true",
+                                      "auto-delete": "false"})))
+    finally:
+        adapter.close()
+    code, payload = _doctor(tmp_path, *args)
+    checks = _by_name(payload)
+    assert checks["broker/expiry-policy"]["status"] == "ok", checks["broker/expiry-policy"]
+    assert checks["broker/queue-types"]["data"].get("quorum") == 1
+    assert code == 0, _with(payload, "warning") + _with(payload, "error")

@@ -4,6 +4,7 @@ tests/integration/test_doctor.py)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,16 @@ def test_mosquitto_persistence_last_setting_wins(tmp_path: Path) -> None:
     assert mosquitto_persistence(conf) is True
     with pytest.raises(ValueError, match="cannot read"):
         mosquitto_persistence(tmp_path / "missing.conf")
+
+
+def test_every_option_of_the_command_is_in_the_synopsis() -> None:
+    from mqguard.cli.doctor import doctor
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
+    synopsis = page.split("```", 2)[1]
+    params = [p for p in doctor.params if p.opts]
+    assert len(params) == 7
+    for param in params:
+        # Each option as "[-x" or "[--long", followed by its value or the closing bracket.
+        assert any(re.search(rf"\[{re.escape(opt)}[ \]]", synopsis) for opt in param.opts), \
+            param.opts
