@@ -14,11 +14,13 @@ Send
 
 Consume
     The queue the send phase filled is drained: ``client-individual`` subscription,
-    ``prefetch`` unacked in flight, one ACK per message, timed from SUBSCRIBE until the
-    ``unique``-th message arrived (on a ``direct`` path, which drops nothing, the ``n``-th);
-    ``consume_per_s`` = those messages / seconds. Then, untimed,
-    the consumer listens ``grace`` seconds more: anything arriving is a duplicate that got
-    through (``duplicates_delivered``, 0 on every path that keeps its promise).
+    ``prefetch`` unacked in flight (Artemis, which counts in bytes, gets a
+    ``consumer-window-size`` of ``prefetch * (size + WINDOW_OVERHEAD)``), one ACK per
+    message, timed from SUBSCRIBE until the ``unique``-th message arrived (on a ``direct``
+    path, which drops nothing, the ``n``-th); ``consume_per_s`` = those messages / seconds.
+    Then, untimed, the consumer listens ``grace`` seconds more: anything arriving is a
+    duplicate that got through (``duplicates_delivered``, 0 on every path that keeps its
+    promise).
 
 Latency
     One connection subscribes to a fresh queue and sends one persistent message at a time
@@ -168,12 +170,17 @@ class _StompClient(stomp.ConnectionListener):  # type: ignore[misc]
             self._wait(lambda: not self.pending, timeout, "receipts")
 
     def consume(self, destination: str, count: int, prefetch: int, grace: float,
-                timeout: float = 120.0) -> tuple[float, int]:
-        """Seconds until ``count`` messages arrived, and how many arrived in all."""
+                window: int | None = None, timeout: float = 120.0) -> tuple[float, int]:
+        """Seconds until ``count`` messages arrived, and how many arrived in all.
+
+        ``prefetch`` is in messages (ActiveMQ, RabbitMQ); ``window``, when given, is
+        Artemis's ``consumer-window-size`` in bytes.
+        """
+        headers = {"activemq.prefetchSize": str(prefetch), "prefetch-count": str(prefetch)}
+        if window is not None:
+            headers["consumer-window-size"] = str(window)
         started = time.perf_counter()
-        self.conn.subscribe(destination, id="peer", ack="client-individual",
-                            headers={"activemq.prefetchSize": str(prefetch),
-                                     "prefetch-count": str(prefetch)})
+        self.conn.subscribe(destination, id="peer", ack="client-individual", headers=headers)
         self._wait(lambda: self.arrived >= count, timeout, f"{count} messages")
         seconds = time.perf_counter() - started
         time.sleep(grace)
@@ -207,11 +214,11 @@ def _stomp_send(url: str, address: str, bodies: Sequence[bytes], ids: Sequence[s
         client.close()
 
 
-def _stomp_consume(url: str, address: str, count: int, prefetch: int,
-                   grace: float) -> tuple[float, int]:
+def _stomp_consume(url: str, address: str, count: int, prefetch: int, grace: float,
+                   window: int | None) -> tuple[float, int]:
     client = _StompClient(url)
     try:
-        return client.consume(f"/queue/{address}", count, prefetch, grace)
+        return client.consume(f"/queue/{address}", count, prefetch, grace, window)
     finally:
         client.close()
 
@@ -296,11 +303,20 @@ class _Route:
     latency: Callable[[str, int, int], list[float]]
 
 
-def _stomp_route(url: str, work: Workload) -> _Route:
+#: Bytes a message of the workload takes in Artemis's consumer window besides its body
+#: (headers and properties, as Artemis encodes them): ``prefetch`` messages make
+#: ``prefetch * (size + this)`` bytes.
+WINDOW_OVERHEAD = 512
+
+
+def _stomp_route(url: str, work: Workload, *, artemis: bool = False) -> _Route:
+    # Artemis counts its STOMP prefetch in bytes (``consumer-window-size``, 10 KiB by
+    # default: ~20 of these messages); it gets as many messages in flight as the others.
+    window = work.prefetch * (work.size + WINDOW_OVERHEAD) if artemis else None
     return _Route(
         send=lambda address, bodies, ids: _stomp_send(url, address, bodies, ids, work.batch),
         consume=lambda address, count: _stomp_consume(url, address, count, work.prefetch,
-                                                      work.grace),
+                                                      work.grace, window),
         latency=lambda address, samples, warm: stomp_latency(url, address, samples,
                                                              work.size, warmup=warm))
 
@@ -323,7 +339,7 @@ def _routes(paths: Sequence[tuple[str, str, str]], urls: dict[str, str], store_u
         guard: Guard | None = None
         for name, broker, via in paths:
             if via in ("native", "direct"):
-                routes[name] = _stomp_route(urls[broker], work)
+                routes[name] = _stomp_route(urls[broker], work, artemis=broker == "artemis")
             elif via == "sidecar":
                 sidecar = stack.enter_context(running_sidecar(urls[broker], store_url,
                                                               "process"))

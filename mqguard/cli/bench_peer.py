@@ -12,12 +12,15 @@ from typing import Any
 import click
 
 from mqguard.cli.table import environment, print_table, write_json
+from mqguard.servers import ServerHandle
 from mqguard.servers.ensure import server_urls
 
 __all__ = ["peer"]
 
 BROKERS = ("activemq", "rabbitmq")
 VIAS = ("sidecar", "wrappers")
+#: What the JSON records of a server started here, besides its version.
+_SERVER_FACTS = ("heap", "journal_buffer_timeout_ns")
 
 
 @click.command("peer")
@@ -79,7 +82,8 @@ def peer(brokers: tuple[str, ...], vias: tuple[str, ...], artemis_url: str | Non
              "redis": redis_url}
     load_before = _load_average()
     click.echo(f"starting or reaching: {', '.join(kinds)}", err=True)
-    with server_urls(kinds, given) as urls:
+    started: dict[str, ServerHandle] = {}
+    with server_urls(kinds, given, started=started) as urls:
         store_url = urls["redis"] if store == "redis" else "memory"
         paths = run(urls, brokers, vias, store_url, work,
                     progress=lambda text: click.echo(text, err=True))
@@ -97,6 +101,10 @@ def peer(brokers: tuple[str, ...], vias: tuple[str, ...], artemis_url: str | Non
                                           "latency_samples": latency_samples,
                                           "warmup": warmup, "store": store,
                                           "brokers": list(brokers), "vias": list(vias)},
+                           "servers": {kind: {"version": handle.version,
+                                              **{k: v for k, v in handle.meta.items()
+                                                 if k in _SERVER_FACTS}}
+                                       for kind, handle in started.items()},
                            "paths": results})
     leaked = [r["path"] for r in results
               if r["via"] != "direct" and r["duplicates_delivered"]]

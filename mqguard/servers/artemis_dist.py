@@ -27,7 +27,13 @@ from pathlib import Path
 from mqguard.servers.handle import ServerUnavailable
 from mqguard.servers.install import cache_dir, find_binary
 
-__all__ = ["ARTEMIS_ARTIFACT", "ARTEMIS_VERSION", "artemis_home", "journal_buffer_timeout"]
+__all__ = [
+    "ARTEMIS_ARTIFACT",
+    "ARTEMIS_VERSION",
+    "artemis_cached",
+    "artemis_home",
+    "journal_buffer_timeout",
+]
 
 ARTEMIS_VERSION = "2.40.0"
 ARTEMIS_ARTIFACT = f"org.apache.activemq:apache-artemis:{ARTEMIS_VERSION}:zip:bin"
@@ -37,6 +43,18 @@ _MAVEN_TIMEOUT = 1800.0
 
 def _cli(home: Path) -> Path:
     return home / "bin" / "artemis"
+
+
+def _cached_home() -> Path:
+    given = os.environ.get("MQGUARD_ARTEMIS_HOME")
+    if given:
+        return Path(given)
+    return cache_dir() / "artemis" / f"apache-artemis-{ARTEMIS_VERSION}"
+
+
+def artemis_cached() -> bool:
+    """True when :func:`artemis_home` needs neither Maven nor the network."""
+    return _cli(_cached_home()).is_file()
 
 
 def artemis_home() -> Path:
