@@ -29,6 +29,7 @@ from mqguard.dlq import (
     retry,
     summarize,
 )
+from mqguard.dlq.reader import DEFAULT_IDLE_MS, FIRST_WAIT_FACTOR
 from mqguard.errors import MqguardError
 from mqguard.events import EventType
 from mqguard.pipeline import Guard
@@ -47,6 +48,10 @@ config_option = click.option(
     help="mqguard.toml (default ./mqguard.toml if present): store (bridge ids), event log, "
          "and for `list` the dead-letter and expiry addresses.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+idle_option = click.option(
+    "--idle-ms", type=click.IntRange(1, 600_000), default=DEFAULT_IDLE_MS, show_default=True,
+    help="How long to wait for one more message before taking the address as drained "
+         f"({FIRST_WAIT_FACTOR}x as long for the first one). ActiveMQ's browse needs none.")
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -99,9 +104,11 @@ def dlq() -> None:
                    "(repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Read at most N messages per address.")
+@idle_option
 @json_option
 def list_cmd(pattern: str | None, url: str, config_path: str | None,
-             addresses: tuple[str, ...], limit: int | None, as_json: bool) -> None:
+             addresses: tuple[str, ...], limit: int | None, idle_ms: int,
+             as_json: bool) -> None:
     """Dead-letter and expiry addresses with their message counts, oldest and newest,
     and counts per original address and per reason.
 
@@ -119,7 +126,8 @@ def list_cmd(pattern: str | None, url: str, config_path: str | None,
                 if (adapter.broker == "activemq" and pattern is None
                         and ACTIVEMQ_DLQ not in names):
                     names.append(ACTIVEMQ_DLQ)
-                letters = peek(adapter, address, limit=limit)  # on MQTT: attaches too
+                # On MQTT the subscription attaches the session too.
+                letters = peek(adapter, address, limit=limit, idle_ms=idle_ms)
             guard.events.emit(EventType.DLQ_INSPECTED, None, address=address,
                               count=len(letters), reason="list")
             summaries.append(summarize(address, letters).to_json())
@@ -147,15 +155,16 @@ def list_cmd(pattern: str | None, url: str, config_path: str | None,
 @click.option("--preview-bytes", type=click.IntRange(0, 1 << 20),
               default=DEFAULT_PREVIEW_BYTES, show_default=True,
               help="Body bytes shown per message (text, else base64).")
+@idle_option
 @json_option
 def show(address: str, url: str, config_path: str | None, limit: int, preview_bytes: int,
-         as_json: bool) -> None:
+         idle_ms: int, as_json: bool) -> None:
     """The dead letters of ADDRESS: original address and queue, delivery count, reason,
     times, headers and a body preview. Nothing is consumed."""
     config = _config(config_path)
     with Guard(config, role="dlq") as guard:
         with _connected(url, address) as adapter:
-            letters = peek(adapter, address, limit=limit)  # on MQTT: attaches too
+            letters = peek(adapter, address, limit=limit, idle_ms=idle_ms)
         guard.events.emit(EventType.DLQ_INSPECTED, None, address=address, count=len(letters),
                           reason="show")
     rows = [letter.to_json(preview_bytes) for letter in letters]
@@ -204,17 +213,19 @@ def _selection(ids: tuple[str, ...], original: str | None, older_than: str | Non
               help="Dead letters per batch (one broker transaction where there are "
                    "transactions).")
 @click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
+@idle_option
 @json_option
 def retry_cmd(address: str, url: str, config_path: str | None, to: str | None,
               original: str | None, ids: tuple[str, ...], limit: int | None,
-              rate: float | None, batch: int, dry_run: bool, as_json: bool) -> None:
+              rate: float | None, batch: int, dry_run: bool, idle_ms: int,
+              as_json: bool) -> None:
     """Send the dead letters of ADDRESS back to their original address (Artemis
     retryMessages): a copy with a reset delivery count and no expiration, confirmed by the
     broker before the dead letter is acknowledged, with a bridge duplicate id so that an
     interrupted run sends nothing twice when run again."""
     config = _config(config_path)
     options = RetryOptions(to=to, selection=_selection(ids, original, None), limit=limit,
-                           dry_run=dry_run, batch=batch, rate=rate)
+                           dry_run=dry_run, batch=batch, rate=rate, idle_ms=idle_ms)
     try:
         with Guard(config, role="dlq") as guard, _connected(url, address) as adapter, \
                 _progress("retrying", limit, not as_json) as advance:
@@ -238,10 +249,11 @@ def retry_cmd(address: str, url: str, config_path: str | None, to: str | None,
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Purge at most N.")
 @click.option("--dry-run", is_flag=True, help="Say what would be purged; change nothing.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@idle_option
 @json_option
 def purge_cmd(address: str, url: str, config_path: str | None, older_than: str | None,
               original: str | None, ids: tuple[str, ...], limit: int | None, dry_run: bool,
-              yes: bool, as_json: bool) -> None:
+              yes: bool, idle_ms: int, as_json: bool) -> None:
     """Delete dead letters of ADDRESS for good. Asks first, unless --yes or --dry-run."""
     selection = _selection(ids, original, older_than)
     config = _config(config_path)
@@ -252,7 +264,7 @@ def purge_cmd(address: str, url: str, config_path: str | None, older_than: str |
             f"at most {limit}" if limit else ""])) or "every message"
         click.confirm(f"Delete {what} in {address} at {redact_url(url)}?", abort=True,
                       err=True)
-    options = PurgeOptions(selection=selection, limit=limit, dry_run=dry_run)
+    options = PurgeOptions(selection=selection, limit=limit, dry_run=dry_run, idle_ms=idle_ms)
     try:
         with Guard(config, role="dlq") as guard, _connected(url, address) as adapter, \
                 _progress("purging", limit, not as_json) as advance:
@@ -282,7 +294,3 @@ def _report(title: str, row: dict[str, Any], as_json: bool, columns: list[str]) 
     for name in ("by_target", "by_original"):
         for key, count in row.get(name, {}).items():
             click.echo(f"{count} -> {key}" if name == "by_target" else f"{count} from {key}")
-
-
-if __name__ == "__main__":  # python -m mqguard.cli.dlq: the group on its own
-    dlq(prog_name="mqguard dlq")

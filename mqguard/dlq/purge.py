@@ -16,7 +16,7 @@ from typing import Any
 
 from mqguard.adapter import Adapter
 from mqguard.dlq.model import DeadLetter
-from mqguard.dlq.reader import DEFAULT_IDLE_MS, DEFAULT_WINDOW, consuming
+from mqguard.dlq.reader import DEFAULT_IDLE_MS, DEFAULT_WINDOW, FIRST_WAIT_FACTOR, consuming
 from mqguard.dlq.selection import Selection
 from mqguard.events import EventType
 from mqguard.message import now_ms
@@ -33,7 +33,8 @@ class PurgeOptions:
     dry_run: bool = False
     batch: int = 100
     idle_ms: int = DEFAULT_IDLE_MS
-    first_wait_ms: int = 2000
+    #: None: FIRST_WAIT_FACTOR x idle_ms.
+    first_wait_ms: int | None = None
     window: int = DEFAULT_WINDOW
 
 
@@ -60,7 +61,8 @@ def purge(guard: Guard, adapter: Adapter, address: str, options: PurgeOptions | 
     started = time.perf_counter()
     events = guard.events
     with consuming(adapter, address, window=options.window) as queue:
-        first_s = options.first_wait_ms / 1000.0
+        first_s = (FIRST_WAIT_FACTOR * options.idle_ms if options.first_wait_ms is None
+                   else options.first_wait_ms) / 1000.0
         while options.limit is None or result.purged < options.limit:
             deliveries = queue.take(options.batch, options.idle_ms / 1000.0, first_s)
             first_s = 0.0

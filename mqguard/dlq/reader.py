@@ -30,12 +30,14 @@ from mqguard.adapter import Adapter, Delivery, SubscribeOptions
 from mqguard.dlq.model import DeadLetter
 from mqguard.registry import open_adapter
 
-__all__ = ["DEFAULT_IDLE_MS", "DEFAULT_WINDOW", "MQTT_SESSION_EXPIRY", "DeliveryQueue",
-           "attach", "consuming", "is_mqtt", "open_dlq_adapter", "peek",
+__all__ = ["DEFAULT_IDLE_MS", "DEFAULT_WINDOW", "FIRST_WAIT_FACTOR", "MQTT_SESSION_EXPIRY",
+           "DeliveryQueue", "attach", "consuming", "is_mqtt", "open_dlq_adapter", "peek",
            "session_client_id"]
 
-#: How long a read waits for one more message before it takes the address as drained.
+#: How long a read waits for one more message before it takes the address as drained (for
+#: the first one, :data:`FIRST_WAIT_FACTOR` times as long: a deep queue takes a while).
 DEFAULT_IDLE_MS: Final = 500
+FIRST_WAIT_FACTOR: Final = 4
 #: Messages a read holds unacknowledged at most (the subscription's prefetch): a peek of a
 #: non-browsing broker sees at most this many, a filtered retry scans at most this many
 #: ahead of what it acknowledged.
@@ -102,7 +104,7 @@ def attach(adapter: Adapter, address: str) -> None:
 
 
 def peek(adapter: Adapter, address: str, *, limit: int | None = None,
-         idle_ms: int = DEFAULT_IDLE_MS, first_wait_ms: int = 2000,
+         idle_ms: int = DEFAULT_IDLE_MS, first_wait_ms: int | None = None,
          window: int = DEFAULT_WINDOW) -> list[DeadLetter]:
     """The dead letters of ``address`` (at most ``limit``) without consuming any.
 
@@ -115,7 +117,12 @@ def peek(adapter: Adapter, address: str, *, limit: int | None = None,
     options = SubscribeOptions(browse=True) if browse else SubscribeOptions(prefetch=want)
     subscription = adapter.subscribe(address, queue, options)
     found: list[Delivery] = []
-    first_s = first_wait_ms / 1000.0
+    first_s = (FIRST_WAIT_FACTOR * idle_ms if first_wait_ms is None else first_wait_ms) / 1000.0
+    if browse:
+        # ActiveMQ says when a browse has sent everything: no idle guess needed.
+        wait_end = adapter.wait_browse_end  # type: ignore[attr-defined]
+        wait_end(subscription, max(first_s, 30.0))
+        first_s, idle_ms = 0.0, 1
     while len(found) < want:
         batch = queue.take(want - len(found), idle_ms / 1000.0, first_s)
         first_s = 0.0

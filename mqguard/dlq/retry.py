@@ -47,7 +47,7 @@ from typing import Any, Final
 from mqguard.adapter import Adapter
 from mqguard.digest import id_digest
 from mqguard.dlq.model import MOVE_HEADERS, DeadLetter
-from mqguard.dlq.reader import DEFAULT_IDLE_MS, DEFAULT_WINDOW, consuming
+from mqguard.dlq.reader import DEFAULT_IDLE_MS, DEFAULT_WINDOW, FIRST_WAIT_FACTOR, consuming
 from mqguard.dlq.selection import Selection
 from mqguard.events import EventType
 from mqguard.message import (
@@ -93,7 +93,8 @@ class RetryOptions:
     #: At most this many dead letters a second (None: as fast as the broker confirms).
     rate: float | None = None
     idle_ms: int = DEFAULT_IDLE_MS
-    first_wait_ms: int = 2000
+    #: None: FIRST_WAIT_FACTOR x idle_ms.
+    first_wait_ms: int | None = None
     window: int = DEFAULT_WINDOW
 
 
@@ -179,7 +180,8 @@ def retry(guard: Guard, adapter: Adapter, address: str, options: RetryOptions | 
     transactional = adapter.capabilities.transactions and not options.dry_run
     stable = adapter.capabilities.stable_message_id
     with consuming(adapter, address, window=options.window) as queue:
-        first_s = options.first_wait_ms / 1000.0
+        first_s = (FIRST_WAIT_FACTOR * options.idle_ms if options.first_wait_ms is None
+                   else options.first_wait_ms) / 1000.0
         while options.limit is None or result.retried + result.completed < options.limit:
             deliveries = queue.take(batch_size, options.idle_ms / 1000.0, first_s)
             first_s = 0.0

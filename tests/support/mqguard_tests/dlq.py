@@ -1,13 +1,10 @@
 """Dead letters on a real broker, for the ``mqguard dlq`` tests: a poison run, a fixed
-consumer, and the CLI in a child process (so that it can be SIGKILLed)."""
+consumer, the commands, and a retry in a child process (so that it can be SIGKILLed)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
 from mqguard.adapter import Adapter
+from mqguard.cli.dlq import dlq
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
 from mqguard.dlq import attach, open_dlq_adapter, peek
@@ -147,18 +146,15 @@ class Scenario:
         finally:
             adapter.close()
 
-    def cli(self, *args: str, node: str = "dlq") -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "mqguard.cli.dlq", *args, "--url", self.url,
-                   "-c", str(self.toml(node))]
-        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE,
-                                text=True, env={**os.environ, "COLUMNS": "200"})
+    def cli(self, *args: str, node: str = "dlq", stdin: str = "") -> Result:
+        """``mqguard dlq ARGS`` in this process (click's runner): fast, output captured."""
+        command = [*args, "--url", self.url, "-c", str(self.toml(node)), "--idle-ms", "200"]
+        return CliRunner().invoke(dlq, command, input=stdin, catch_exceptions=False)
 
     def run(self, *args: str, node: str = "dlq") -> str:
-        process = self.cli(*args, node=node)
-        out, err = process.communicate("", timeout=120)
-        assert process.returncode == 0, err
-        return out
+        result = self.cli(*args, node=node)
+        assert result.exit_code == 0, result.output
+        return result.stdout
 
 
 def retry_in_child(url: str, address: str, config: dict[str, Any], rate: float | None,
