@@ -48,7 +48,8 @@ def _open(url: str) -> redis.Redis | RedisCluster:
         for item in others:
             host, _, port = item.strip().rpartition(":")
             seeds.append(ClusterNode(host.strip("[]") or "localhost", int(port or 6379)))
-        opts = dict(_TIMEOUTS)
+        # Connect even with slots uncovered, so that cluster-slots can say which.
+        opts = {**_TIMEOUTS, "require_full_coverage": False}
         if seeds:
             opts["startup_nodes"] = seeds
         return RedisCluster.from_url(f"{base}://{auth}{at}{first}{sep}{tail}", **opts)

@@ -16,7 +16,7 @@ from mqguard.redact import redact_text, redact_url, redact_urls_in
 
 __all__ = ["DoctorOptions", "run_doctor"]
 
-_STOMP = ("stomp", "stomp+ssl", "stomps")
+_STOMP = ("stomp", "stomp+ssl")
 _MQTT = ("mqtt", "mqtts")
 
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from mqguard.cli.doctor import doctor
 from mqguard.doctor.broker_activemq import PROBE_QUEUE
 from mqguard.registry import open_adapter
-from mqguard.servers import ServerHandle, start_redis
+from mqguard.servers import ServerHandle, start_redis, start_redis_cluster
 from mqguard.servers.ports import free_ports
 from mqguard.servers.rabbitmq import rabbitmqctl, start_rabbitmq
 
@@ -132,6 +132,17 @@ def test_evicting_redis_exits_2_naming_the_setting(tmp_path: Path) -> None:
                                              "--store", handle.urls["redis"]])
         assert result.exit_code == 2
         assert "allkeys-lru" in result.stdout and "noeviction" in result.stdout
+
+        # noeviction, but too small for the rings of 1,000 addresses at 20,000 ids.
+        client = redis.Redis.from_url(handle.urls["redis"])
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", str(64 * 2**20))
+        client.close()
+        code, payload = _doctor(tmp_path, "--store", handle.urls["redis"], "--addresses", "1000")
+        assert code == 2 and _with(payload, "error") == ["redis/memory-headroom"]
+        headroom = _by_name(payload)["redis/memory-headroom"]["data"]
+        assert headroom["ring_bytes"] == 1000 * 20000 * 25
+        assert headroom["limit_bytes"] == 64 * 2**20
     finally:
         handle.stop()
 
@@ -148,6 +159,24 @@ def test_redis_cluster_slots_and_every_primary(
     persistence = checks["redis/persistence"]
     assert persistence["status"] == "warning" and persistence["detail"].count("127.0.0.1:") == 3
     assert code == 1
+
+
+@pytest.mark.redis
+def test_redis_cluster_with_an_uncovered_slot_is_an_error(tmp_path: Path) -> None:
+    handle = start_redis_cluster()  # private: a slot is taken away
+    try:
+        first = int(handle.meta["ports"].split(",")[0])
+        node = redis.Redis(host="127.0.0.1", port=first)
+        owned = [slot for start, end, *_ in node.execute_command("CLUSTER", "SLOTS")
+                 if int(_[0][1]) == first for slot in range(int(start), int(end) + 1)]
+        node.execute_command("CLUSTER", "DELSLOTS", owned[0])
+        node.close()
+        code, payload = _doctor(tmp_path, "--store", handle.urls["redis"])
+        check = _by_name(payload)["redis/cluster-slots"]
+        assert check["status"] == "error" and check["data"]["slots_assigned"] == 16383
+        assert code == 2
+    finally:
+        handle.stop()
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
