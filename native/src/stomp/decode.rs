@@ -565,29 +565,31 @@ impl Decoder {
     /// Command and headers from the header block (without its final EOL). In oversized
     /// mode too many headers or a header line too long are recorded in `violation`
     /// instead of failing.
+    ///
+    /// The checks run in the order [`Decoder::check_partial_head`] runs them on a head
+    /// still arriving (command line, header count, line length, NUL, then the rest), so
+    /// a frame gets the same error whether it came in one read or many.
     fn parse_head(&mut self, raw: &[u8]) -> Result<Head, FrameError> {
         let limits = self.limits;
         self.violation = None;
-        let text = std::str::from_utf8(raw)
-            .map_err(|e| FrameError::new("invalid UTF-8 in headers", utf8_detail(raw, e)))?;
-        let text: Cow<'_, str> = if memchr(CR, raw).is_some() {
-            Cow::Owned(text.replace("\r\n", "\n"))
-        } else {
-            Cow::Borrowed(text)
+        let command_end = memchr(LF, raw);
+        let command_line = &raw[..command_end.unwrap_or(raw.len())];
+        let command_line = match command_end {
+            Some(_) => command_line.strip_suffix(b"\r").unwrap_or(command_line),
+            None => command_line,
         };
-        let (command, rest) = match text.find('\n') {
-            Some(at) => (&text[..at], &text[at + 1..]),
-            None => (&text[..], ""),
+        let command = match std::str::from_utf8(command_line) {
+            Ok(command) if self.is_accepted(command) => command,
+            _ => {
+                return Err(self
+                    .command_error(&latin1(command_line))
+                    .unwrap_or_else(|| FrameError::bare("bad command")))
+            }
         };
-        if !self.is_accepted(command) {
-            return Err(self
-                .command_error(command)
-                .unwrap_or_else(|| FrameError::bare("bad command")));
-        }
-        if rest.is_empty() {
+        if command_end.is_none() {
             return Ok((command.to_owned(), Vec::new(), None));
         }
-        let line_count = count_lf(rest.as_bytes()) + 1;
+        let line_count = count_lf(raw);
         if line_count > limits.max_header_count {
             let error = FrameError::new(
                 "too many headers",
@@ -617,6 +619,17 @@ impl Decoder {
                 }
             }
         }
+        if memchr(NUL, raw).is_some() {
+            return Err(nul_in_headers());
+        }
+        let text = std::str::from_utf8(raw)
+            .map_err(|e| FrameError::new("invalid UTF-8 in headers", utf8_detail(raw, e)))?;
+        let text: Cow<'_, str> = if memchr(CR, raw).is_some() {
+            Cow::Owned(text.replace("\r\n", "\n"))
+        } else {
+            Cow::Borrowed(text)
+        };
+        let rest = &text[text.find('\n').map_or(text.len(), |at| at + 1)..];
         let mut split: Vec<(&str, &str)> = Vec::with_capacity(line_count);
         for line in rest.split('\n') {
             match line.find(':') {
