@@ -217,6 +217,7 @@ class Sidecar:
             self._admin = await asyncio.start_server(self._serve_admin, *self.admin_on)
             self.admin_port = self._admin.sockets[0].getsockname()[1]
         self._start_reaper()
+        self._start_dla_depth()
         self._start_redistributors()
         if self._gc.apply():
             log.debug("sidecar owns the process: young-generation GC threshold raised, "
@@ -525,6 +526,17 @@ class Sidecar:
         self._reaper_thread = threading.Thread(target=run, name="mqguard-sidecar-reaper",
                                                daemon=True)
         self._reaper_thread.start()
+
+    def _start_dla_depth(self) -> None:
+        """``mqguard_dla_depth`` / ``mqguard_dla_moved_total`` on /metrics
+        (:mod:`mqguard.sidecar.dla_depth`); its thread stops with the reaper's event."""
+        from mqguard.sidecar.dla_depth import DeadLetterDepth
+
+        depth = DeadLetterDepth(self.guard, self.upstream.url)
+        self.guard.plugins.register(depth)
+        self.metrics.registry.register(depth)
+        threading.Thread(target=depth.run, args=(self._reaper_stop,),
+                         name="mqguard-sidecar-dla-depth", daemon=True).start()
 
     def _stop_reaper(self) -> None:
         self._reaper_stop.set()

@@ -58,3 +58,40 @@ def test_depth_follows_moves_and_the_broker_count(kind: str, request: pytest.Fix
         text = generate_latest(registry).decode()
     assert f'mqguard_dla_depth{{address="{scenario.dla}"}} 2.0' in text
     assert f'mqguard_dla_moved_total{{address="{scenario.dla}"}} 3.0' in text
+
+
+@pytest.mark.activemq
+def test_the_sidecar_admin_port_reports_it(mqguard_activemq_server: object, tmp_path: Path,
+                                           mqguard_unique_name: str) -> None:
+    import urllib.request
+
+    import stomp  # type: ignore[import-untyped]
+
+    from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+
+    url = mqguard_activemq_server.urls["stomp"]  # type: ignore[attr-defined]
+    scenario = Scenario("activemq", url, mqguard_unique_name, tmp_path)
+    sidecar = Sidecar(parse_config(scenario.config("sidecar")), parse_upstream(url),
+                      admin=("127.0.0.1", 0))
+    frames: list[object] = []
+    with SidecarThread(sidecar) as running:
+        conn = stomp.Connection12([("127.0.0.1", running.port)], vhost="/")
+        conn.set_listener("c", type("L", (stomp.ConnectionListener,), {
+            "on_message": lambda self, frame: frames.append(frame)})())
+        conn.connect("guest", "guest", wait=True)
+        try:
+            conn.send(f"/queue/{scenario.name}", "poison", receipt="sent")
+            conn.subscribe(f"/queue/{scenario.name}", id="s", ack="client-individual")
+            wait_for(lambda: frames, 10, "the message")
+            conn.nack(frames[0].headers["ack"])  # type: ignore[attr-defined]
+
+            def metrics() -> str:
+                admin = f"http://127.0.0.1:{running.sidecar.admin_port}/metrics"
+                with urllib.request.urlopen(admin, timeout=5) as response:
+                    return str(response.read().decode())
+
+            line = f'mqguard_dla_depth{{address="{scenario.dla}"}} 1.0'
+            wait_for(lambda: line in metrics(), 10, "the depth on /metrics")
+            assert f'mqguard_dla_moved_total{{address="{scenario.dla}"}} 1.0' in metrics()
+        finally:
+            conn.disconnect()
