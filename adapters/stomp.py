@@ -521,6 +521,11 @@ class StompAdapter:
     ``reconnect_attempts``, ``reconnect_delay``, ``reconnect_max_delay``
         Background reconnection after a connection loss: attempts (default 10, 0 = never),
         first delay and cap of the doubling backoff in seconds (0.2 and 5).
+    ``failover``
+        More URLs of the same broker cluster (``stomp://host:port``, same scheme), tried in
+        order after the main one on every (re)connection attempt: after a node dies the
+        adapter reconnects to the next node that answers and re-subscribes there. Their
+        credentials and vhost are ignored (the main URL's apply). Default: none.
     ``broker``
         Force the broker flavour instead of detecting it from the CONNECTED ``server`` header.
     ``dispatch_thread``
@@ -550,6 +555,7 @@ class StompAdapter:
         reconnect_attempts: int = 10,
         reconnect_delay: float = 0.2,
         reconnect_max_delay: float = 5.0,
+        failover: Iterable[str] = (),
         broker: str | None = None,
         dispatch_thread: bool = False,
         ssl_ca_certs: str | None = None,
@@ -558,9 +564,16 @@ class StompAdapter:
         ssl_verify: bool = True,
     ) -> None:
         endpoint = _parse_url(url)
+        if isinstance(failover, str):
+            raise AdapterError("failover must be a list of URLs, not one string")
+        others = [_parse_url(other) for other in failover]
+        if any(other.scheme != endpoint.scheme for other in others):
+            raise AdapterError(f"failover URLs must use the main URL's scheme "
+                               f"({endpoint.scheme}://)")
         self.url = redact_url(url)
         #: Where the adapter connects, for messages (never contains a password).
-        self.where = f"STOMP broker at {endpoint.host}:{endpoint.port}"
+        self.where = f"STOMP broker at {endpoint.host}:{endpoint.port}" + (
+            f" (failover {', '.join(f'{o.host}:{o.port}' for o in others)})" if others else "")
         if broker is not None and broker not in BROKER_CAPABILITIES:
             raise AdapterError(f"unknown broker {broker!r} for {self.where}; expected one of "
                                f"{', '.join(sorted(BROKER_CAPABILITIES))}")
@@ -569,6 +582,8 @@ class StompAdapter:
         if receipt_timeout <= 0 or connect_timeout <= 0:
             raise AdapterError("receipt_timeout and connect_timeout must be positive")
         self._endpoint = endpoint
+        #: Every (host, port) a connection attempt tries, in order: the main URL's first.
+        self._hosts = [(ep.host, ep.port) for ep in (endpoint, *others)]
         self._login = login if login is not None else endpoint.login
         self._passcode = passcode if passcode is not None else endpoint.passcode
         self._vhost = vhost if vhost is not None else endpoint.vhost
@@ -698,7 +713,8 @@ class StompAdapter:
     def _new_connection(self) -> Any:
         ep = self._endpoint
         conn = stomp.Connection12(
-            [(ep.host, ep.port)],
+            # stomp.py tries these in order within one attempt: failover at connect time.
+            list(self._hosts),
             heartbeats=self._heartbeats,
             vhost=self._vhost,
             # Bodies are bytes: stomp.py's default would decode them as UTF-8 (lossy).
@@ -709,7 +725,7 @@ class StompAdapter:
             try_loopback_connect=False,
         )
         if ep.scheme == "stomp+ssl":
-            conn.set_ssl(for_hosts=[(ep.host, ep.port)], key_file=self._ssl["key_file"],
+            conn.set_ssl(for_hosts=list(self._hosts), key_file=self._ssl["key_file"],
                          cert_file=self._ssl["cert_file"], ca_certs=self._ssl["ca_certs"],
                          verify=bool(self._ssl["verify"]))
         conn.mqguard_acks = _install_fast_receiver(conn, self._send_receipt)

@@ -1,6 +1,6 @@
 """Real servers for tests and benchmarks: Redis (standalone and cluster), ActiveMQ Classic,
-RabbitMQ, Mosquitto and ActiveMQ Artemis, started as background processes on free 127.0.0.1
-ports.
+RabbitMQ (one node or a cluster), Mosquitto and ActiveMQ Artemis, started as background
+processes on free 127.0.0.1 ports.
 
 Each server keeps its config, data and logs in its own state dir under the system temp dir
 (``mqguard-<kind>-*``) and is described by a :class:`ServerHandle`, which also knows how to stop
@@ -26,6 +26,7 @@ from mqguard.servers.install import KINDS, ensure_installed
 from mqguard.servers.mosquitto import start_mosquitto
 from mqguard.servers.ports import free_port, free_ports, wait_for_port
 from mqguard.servers.rabbitmq import rabbitmqctl, start_rabbitmq
+from mqguard.servers.rabbitmq_cluster import start_rabbitmq_cluster
 from mqguard.servers.redis import restart_redis, start_redis, start_redis_cluster
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "start_in_docker",
     "start_mosquitto",
     "start_rabbitmq",
+    "start_rabbitmq_cluster",
     "start_redis",
     "start_redis_cluster",
     "wait_for_port",
@@ -58,6 +60,7 @@ _LAUNCHERS: dict[str, Callable[..., ServerHandle]] = {
     "redis-cluster": start_redis_cluster,
     "activemq": start_activemq,
     "rabbitmq": start_rabbitmq,
+    "rabbitmq-cluster": start_rabbitmq_cluster,
     "mosquitto": start_mosquitto,
     "artemis": start_artemis,
 }

@@ -34,6 +34,7 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from mqguard.servers.handle import (
@@ -147,7 +148,7 @@ def shutdown_node(handle: ServerHandle, timeout: float = 60.0) -> None:
         _run_cli("rabbitmqctl", _full_env(saved), ["shutdown"], timeout, "rabbitmqctl shutdown")
 
 
-def _write_files(sd: Path, amqp: int, stomp: int, mqtt: int) -> None:
+def _write_files(sd: Path, amqp: int, stomp: int, mqtt: int, cookie_value: str | None) -> None:
     home = sd / "home"
     home.mkdir(parents=True, exist_ok=True)
     for d in ("mnesia", "log"):
@@ -155,8 +156,9 @@ def _write_files(sd: Path, amqp: int, stomp: int, mqtt: int) -> None:
     cookie = home / ".erlang.cookie"
     if not cookie.exists():
         # Erlang refuses a cookie readable by others; a random one keeps other local users
-        # (and other mqguard nodes) from attaching to this node.
-        cookie.write_text(secrets.token_hex(20).upper())
+        # (and other mqguard nodes) from attaching to this node.  The nodes of one cluster
+        # must share theirs (``cookie_value``).
+        cookie.write_text(cookie_value or secrets.token_hex(20).upper())
         cookie.chmod(0o400)
     (sd / "rabbitmq-env.conf").write_text("# empty on purpose: keeps /etc/rabbitmq out\n")
     (sd / "rabbitmq.conf").write_text(
@@ -191,11 +193,25 @@ def _server_version(log: Path) -> str:
     return libs[-1].name.split("-", 1)[1] if libs else "3.10"
 
 
-def start_rabbitmq(state_dir: Path | None = None) -> ServerHandle:
+def start_rabbitmq(
+    state_dir: Path | None = None,
+    *,
+    epmd_port: int | None = None,
+    cookie: str | None = None,
+    nodename: str | None = None,
+    ports: Mapping[str, int] | None = None,
+) -> ServerHandle:
     """Start a RabbitMQ node with AMQP, STOMP and MQTT listeners on 127.0.0.1.
 
     Reusing the ``state_dir`` of a stopped node restarts the same node (same name and
-    cookie, so the Mnesia data and durable queues survive) on new ports.
+    cookie, so the Mnesia data and durable queues survive) on new ports, or on ``ports``
+    (``{"amqp": P, "stomp": P, "mqtt": P, "dist": P}``, e.g. a crashed node's old ones, so
+    that clients configured with its address find it again).
+
+    The members of a cluster (:mod:`mqguard.servers.rabbitmq_cluster`) share one epmd and one
+    Erlang cookie: ``epmd_port`` names an epmd that already runs (the node then starts none
+    and its handle does not own it), ``cookie`` the cookie a new state dir gets, ``nodename``
+    the node's name on first start.
     """
     ensure_installed(["rabbitmq"])
     epmd_bin = find_binary("epmd")
@@ -204,11 +220,18 @@ def start_rabbitmq(state_dir: Path | None = None) -> ServerHandle:
     sd = make_state_dir("rabbitmq", state_dir)
     # The CLI tools take distribution ports from a range of their own (35672-35682 by
     # default), so only the node needs one here.
-    amqp, stomp, mqtt, epmd_port, dist_port = free_ports(5)
+    shared_epmd = epmd_port is not None
+    if ports is not None:
+        amqp, stomp, mqtt, dist_port = (ports["amqp"], ports["stomp"], ports["mqtt"],
+                                        ports["dist"])
+        spare = [] if shared_epmd else free_ports(1)
+    else:
+        amqp, stomp, mqtt, dist_port, *spare = free_ports(4 if shared_epmd else 5)
+    epmd_port = epmd_port if epmd_port is not None else spare[0]
     previous = _saved_env(sd)
-    nodename = previous.get("RABBITMQ_NODENAME") or f"mqguard-{amqp}@localhost"
+    nodename = previous.get("RABBITMQ_NODENAME") or nodename or f"mqguard-{amqp}@localhost"
     overrides = _node_env(sd, nodename, epmd_port, dist_port)
-    _write_files(sd, amqp, stomp, mqtt)
+    _write_files(sd, amqp, stomp, mqtt, cookie)
     (sd / _ENV_FILE).write_text(json.dumps(overrides, indent=2, sort_keys=True) + "\n")
     env = _full_env(overrides)
     pid_file = sd / "rabbitmq.pid"
@@ -232,15 +255,19 @@ def start_rabbitmq(state_dir: Path | None = None) -> ServerHandle:
     try:
         # Our own epmd, started before any Erlang VM: a VM that finds no epmd on
         # ERL_EPMD_PORT daemonizes one itself, which we could then not stop by PID.
-        epmd = spawn(
-            [epmd_bin, "-port", str(epmd_port), "-address", LOOPBACK],
-            state_dir=sd,
-            env=env,
-            console_log=sd / "epmd.log",
-        )
-        handle.record_pid(epmd.pid)
-        handle.save()
-        wait_for_port(LOOPBACK, epmd_port, 30.0, epmd, sd / "epmd.log")
+        if shared_epmd:
+            if not port_open(LOOPBACK, epmd_port):
+                raise ServerStartError(f"no epmd answers on {LOOPBACK}:{epmd_port}")
+        else:
+            epmd = spawn(
+                [epmd_bin, "-port", str(epmd_port), "-address", LOOPBACK],
+                state_dir=sd,
+                env=env,
+                console_log=sd / "epmd.log",
+            )
+            handle.record_pid(epmd.pid)
+            handle.save()
+            wait_for_port(LOOPBACK, epmd_port, 30.0, epmd, sd / "epmd.log")
 
         result = _run_cli(
             "rabbitmq-plugins", env, ["enable", "--offline", *_PLUGINS], 120.0, "plugins"
