@@ -148,17 +148,55 @@ def test_usage_comment_builds_from_the_repository_root() -> None:
     assert words[words.index("-f") + 1] == "deploy/docker/Dockerfile" and words[-1] == "."
 
 
+def _stages(parser: DockerfileParser) -> dict[str, list[dict[str, str]]]:
+    """Each stage's instructions (FROM excluded), by its name (the last one: runtime)."""
+    stages: dict[str, list[dict[str, str]]] = {}
+    current: list[dict[str, str]] = []
+    for item in parser.structure:
+        if item["instruction"] == "FROM":
+            words = item["value"].split()
+            current = []
+            stages[words[-1] if len(words) == 3 and words[1].upper() == "AS" else "runtime"] = (
+                current)
+        else:
+            current.append(item)
+    return stages
+
+
+def test_native_stage_builds_the_crate_and_the_build_stage_uses_its_wheel(
+        parsed: DockerfileParser) -> None:
+    stages = _stages(parsed)
+    copied = {source for item in stages["native"] if item["instruction"] == "COPY"
+              for source in item["value"].split()[:-1]}
+    # Everything maturin needs to build native/ (the files setup.sh hashes, too).
+    assert {"native/Cargo.toml", "native/Cargo.lock", "native/pyproject.toml",
+            "native/mqguard_native.pyi", "native/src"} <= copied
+    runs = " ".join(item["value"] for item in stages["native"] if item["instruction"] == "RUN")
+    assert "maturin build --release --locked" in runs and "--out /wheels" in runs
+    build = stages["build"]
+    assert any(item["instruction"] == "COPY" and item["value"] == "--from=native /wheels /wheels"
+               for item in build)
+    wheel = next(item["value"] for item in build if item["instruction"] == "RUN")
+    assert "--find-links /wheels" in wheel and "--wheel-dir /wheels" in wheel
+    # mqguard requires the very version the crate builds.
+    version = re.search(r'^version = "([^"]+)"', (REPO / "native" / "Cargo.toml").read_text(),
+                        re.M)
+    assert version is not None
+    assert f'"mqguard-native=={version.group(1)}"' in (REPO / "pyproject.toml").read_text()
+
+
 def test_build_stage_files_make_a_working_install(parsed: DockerfileParser,
                                                   tmp_path: Path) -> None:
     # The image's build stage without Docker: copy exactly what its COPY lines copy, build
     # the wheel from that alone, install it into a fresh virtualenv (dependencies from this
     # environment), and run the entrypoint's command from there.
+    # (mqguard-native, the native stage's wheel, is the one installed in this environment.)
     context = tmp_path / "src"
     context.mkdir()
-    starts = [i for i, item in enumerate(parsed.structure) if item["instruction"] == "FROM"]
-    assert len(starts) == 2, "expected a build stage and a runtime stage"
-    for item in parsed.structure[starts[0]:starts[1]]:
-        if item["instruction"] != "COPY":
+    stages = _stages(parsed)
+    assert list(stages) == ["native", "build", "runtime"], list(stages)
+    for item in stages["build"]:
+        if item["instruction"] != "COPY" or item["value"].startswith("--from"):
             continue
         *sources, dest = item["value"].split()
         target = context / dest.removeprefix("./")
