@@ -106,17 +106,26 @@ class FrameConnection(asyncio.Protocol):
             return  # after an error or a stop: nothing more is read from this peer
         if self.after_read is not None:
             self.after_read()
-        self._counter.value += len(data)
         error: FrameError | None = None
         try:
-            items = without_padding(self.decoder.feed(data))
+            items = self.decoder.feed(data)
         except FrameError as exc:
-            items = without_padding(exc.frames)
+            items = exc.frames
             error = exc
+        self.items_received(items, error, len(data))
+
+    def items_received(self, items: Items, error: FrameError | None, size: int) -> None:
+        """The items decoded from one read of ``size`` octets, then the error that ended
+        decoding, if any: from :meth:`data_received`, or from a data plane that decodes
+        elsewhere (:mod:`mqguard.sidecar.native_connection`)."""
+        if self._end is not None or not self._reading:
+            return
+        self._counter.value += size
+        items = without_padding(items)
         on_items = self._on_items
         if on_items is None:
             if self._handshake_left is not None and error is None:
-                error = self._check_handshake(len(data), items)
+                error = self._check_handshake(size, items)
                 if error is not None:
                     items = [item for item in items if item is HEARTBEAT]
             self._ready.extend(items)

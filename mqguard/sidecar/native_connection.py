@@ -16,16 +16,36 @@ coupled with (:meth:`NativeConnection.couple`), without a round trip through Pyt
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from mqguard.sidecar.connection import FrameConnection
+from mqguard.sidecar.connection import FrameConnection, Items, OnEnd, OnItems
+from mqguard.sidecar.frames import FrameDecoder, FrameError
 
 if TYPE_CHECKING:
     import ssl
 
     from mqguard_native import Plane
 
-__all__ = ["NativeConnection", "NativeTransport"]
+__all__ = ["Limits", "NativeConnection", "NativeDecoder", "NativeTransport", "limits_tuple"]
+
+
+class Limits(Protocol):
+    """What the runtime's decoders take of a :class:`FrameLimits`."""
+
+    @property
+    def max_frame_bytes(self) -> int: ...
+    @property
+    def max_header_count(self) -> int: ...
+    @property
+    def max_header_line_bytes(self) -> int: ...
+    @property
+    def max_command_bytes(self) -> int: ...
+
+
+def limits_tuple(limits: Limits) -> tuple[int, int, int, int]:
+    """``limits`` as the runtime takes them."""
+    return (limits.max_frame_bytes, limits.max_header_count, limits.max_header_line_bytes,
+            limits.max_command_bytes)
 
 
 class NativeTransport(asyncio.Transport):
@@ -35,6 +55,7 @@ class NativeTransport(asyncio.Transport):
                  sslcontext: ssl.SSLContext | None = None) -> None:
         super().__init__()
         self._plane = plane
+        self.plane = plane
         self.leg = leg
         self._extra: dict[str, Any] = {"peername": peername, "sslcontext": sslcontext,
                                        "socket": None}
@@ -122,10 +143,10 @@ class NativeTransport(asyncio.Transport):
 
     # -- events from the runtime (see NativePlane.dispatch) ------------------------------
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, items: Items, error: FrameError | None, size: int) -> None:
         protocol = self._protocol
-        if protocol is not None and not self._closing:
-            protocol.data_received(data)  # type: ignore[attr-defined]
+        if isinstance(protocol, FrameConnection) and not self._closing:
+            protocol.items_received(items, error, size)
 
     def feed_eof(self) -> None:
         protocol = self._protocol
@@ -142,8 +163,68 @@ class NativeTransport(asyncio.Transport):
             protocol.connection_lost(exc)  # type: ignore[arg-type]
 
 
+class NativeDecoder:
+    """What a session asks of its leg's decoder, which runs in the runtime.
+
+    The session sets the STOMP version and the oversized mode after CONNECTED, and asks
+    how much of a frame is buffered at the client's end; the settings are also kept in
+    the decoder the connection was made with (``given``), so that the settings the
+    session makes on that one (the broker leg's) reach the runtime too, when the relay
+    starts (:meth:`NativeConnection.relay`).
+    """
+
+    __slots__ = ("_given", "_leg", "_plane")
+
+    def __init__(self, plane: Plane, leg: int, given: FrameDecoder) -> None:
+        self._plane = plane
+        self._leg = leg
+        self._given = given
+
+    @property
+    def limits(self) -> Limits:
+        return self._given.limits
+
+    @property
+    def version(self) -> str:
+        return self._given.version
+
+    @version.setter
+    def version(self, version: str) -> None:
+        self._given.version = version
+        self.push()
+
+    @property
+    def oversized(self) -> bool:
+        return self._given.oversized
+
+    @oversized.setter
+    def oversized(self, on: bool) -> None:
+        self._given.oversized = on
+        self.push()
+
+    @property
+    def buffered(self) -> int:
+        return self._plane.buffered(self._leg)
+
+    def push(self) -> None:
+        """Hand the settings of ``given`` to the runtime's decoder."""
+        self._plane.set_decoding(self._leg, self._given.version, self._given.oversized)
+
+
 class NativeConnection(FrameConnection):
-    """A :class:`FrameConnection` over a :class:`NativeTransport`."""
+    """A :class:`FrameConnection` over a :class:`NativeTransport`, decoding in the runtime."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if isinstance(transport, NativeTransport):
+            given = self.decoder
+            self.decoder = NativeDecoder(transport.plane, transport.leg,  # type: ignore[assignment]
+                                         given)
+        super().connection_made(transport)
+
+    def relay(self, on_items: OnItems, on_end: OnEnd) -> None:
+        if isinstance(self.decoder, NativeDecoder):
+            self.decoder.push()
+        super().relay(on_items, on_end)
 
     def couple(self, peer: FrameConnection) -> None:
         super().couple(peer)

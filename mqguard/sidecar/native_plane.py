@@ -18,8 +18,9 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, cast
 
-from mqguard.sidecar.connection import FrameConnection
-from mqguard.sidecar.native_connection import NativeTransport
+from mqguard.sidecar.connection import FrameConnection, Items
+from mqguard.sidecar.frames import FrameError, FrameLimits
+from mqguard.sidecar.native_connection import NativeTransport, limits_tuple
 
 if TYPE_CHECKING:
     from mqguard_native import Plane
@@ -30,7 +31,7 @@ __all__ = ["DATA_PLANES", "NativePlane", "native_available"]
 DATA_PLANES: Final = ("python", "native")
 
 # Event kinds of Plane.drain() (native/src/transport/plane.rs).
-_DATA, _EOF, _CLOSED, _ACCEPTED, _CONNECTED, _CONNECT_FAILED, _REFUSED = range(7)
+_ITEMS, _EOF, _CLOSED, _ACCEPTED, _CONNECTED, _CONNECT_FAILED, _REFUSED, _MALFORMED = range(8)
 
 
 def native_available() -> bool:
@@ -59,13 +60,14 @@ class NativePlane:
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
 
-    def listen(self, hosts: list[str], port: int, *, refusal: bytes,
+    def listen(self, hosts: list[str], port: int, *, refusal: bytes, limits: FrameLimits,
                tls_files: tuple[str, str] | None, max_tls_handshakes: int,
                handshake_timeout: float) -> int:
-        """Listen on every host (IP addresses) and accept from now on; returns the port."""
+        """Listen on every host (IP addresses) and accept from now on; returns the port.
+        Client frames are decoded within ``limits``."""
         cert, key = tls_files if tls_files is not None else (None, None)
-        return self.plane.listen(hosts, port, refusal, cert, key, max_tls_handshakes,
-                                 int(handshake_timeout * 1000))
+        return self.plane.listen(hosts, port, refusal, limits_tuple(limits), cert, key,
+                                 max_tls_handshakes, int(handshake_timeout * 1000))
 
     def close_listeners(self) -> None:
         self.plane.close_listeners()
@@ -79,7 +81,7 @@ class NativePlane:
     async def connect(self, connection: FrameConnection, host: str, port: int, *,
                       tls: bool) -> None:
         """Open ``connection``'s leg to the broker; OSError (or ssl.SSLError) if it fails."""
-        leg = self.plane.connect(host, port, tls, True)
+        leg = self.plane.connect(host, port, limits_tuple(connection.decoder.limits), tls, True)
         done = self._loop.create_future()
         self._connecting[leg] = done
         try:
@@ -97,10 +99,15 @@ class NativePlane:
         """Hand every pending event of the runtime to its leg (the loop's reader callback)."""
         transports = self._transports
         for kind, leg, a, b in self.plane.drain():
-            if kind == _DATA:
+            if kind == _ITEMS:
                 transport = transports.get(leg)
                 if transport is not None:
-                    transport.feed(cast(bytes, a))
+                    transport.feed(cast(Items, a), None, cast(int, b))
+            elif kind == _MALFORMED:
+                transport = transports.get(leg)
+                if transport is not None:
+                    size, reason, detail = cast(tuple[int, str, str], b)
+                    transport.feed(cast(Items, a), FrameError(reason, detail=detail), size)
             elif kind == _EOF:
                 transport = transports.get(leg)
                 if transport is not None:
@@ -117,6 +124,8 @@ class NativePlane:
                     self.on_accept(transport)
                 else:
                     transport.abort()
+                # The next client once the loop has turned (see Plane.accept_more).
+                self._loop.call_soon(self.plane.accept_more)
             elif kind == _CONNECTED:
                 future = self._connecting.pop(leg, None)
                 if future is not None and not future.done():

@@ -287,6 +287,7 @@ class Sidecar:
                 list(dict.fromkeys(hosts)), port,
                 refusal=_refusal("too many connections: the sidecar is out of file "
                                  "descriptors; try again later"),
+                limits=self.limits,
                 tls_files=self.tls_files if self.tls is not None else None,
                 max_tls_handshakes=self.max_handshakes,
                 handshake_timeout=self.config.connect_timeout_ms / 1000.0)

@@ -10,10 +10,13 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use crate::stomp::{FrameError, Item};
+
 /// One thing that happened on a leg (a connection's socket), or on a listener.
 pub enum Event {
-    /// The octets of one read.
-    Data(u64, Vec<u8>),
+    /// The items decoded from one read of so many octets, and the error that ended
+    /// decoding (after those items), if one did.
+    Items(u64, Vec<Item>, usize, Option<FrameError>),
     /// The peer closed its sending side; writing may go on.
     Eof(u64),
     /// The leg is gone (socket closed): `Some` for an I/O error (errno, text).

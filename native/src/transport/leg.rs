@@ -20,6 +20,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
 
 use super::events::{Event, Events};
+use crate::stomp::{Decoder, Version};
 
 pub const PY: u8 = 1;
 pub const PEER: u8 = 2;
@@ -82,10 +83,13 @@ pub struct Shared {
     end: AtomicU8,
     end_now: Notify,
     tx: UnboundedSender<Cmd>,
+    /// Locked by the reader for each read, by Python to change the version (after
+    /// CONNECTED) or to ask how much of a frame is buffered.
+    decoder: Mutex<Decoder>,
 }
 
 impl Shared {
-    pub fn new(id: u64, tx: UnboundedSender<Cmd>) -> Arc<Self> {
+    pub fn new(id: u64, tx: UnboundedSender<Cmd>, decoder: Decoder) -> Arc<Self> {
         Arc::new(Shared {
             id,
             pauses: AtomicU8::new(0),
@@ -97,6 +101,7 @@ impl Shared {
             end: AtomicU8::new(0),
             end_now: Notify::new(),
             tx,
+            decoder: Mutex::new(decoder),
         })
     }
 
@@ -161,6 +166,23 @@ impl Shared {
         }
     }
 
+    fn decoder(&self) -> std::sync::MutexGuard<'_, Decoder> {
+        self.decoder.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The STOMP version the peer speaks now, and whether a frame over the limits is
+    /// handed on (`Oversized`) instead of ending the connection.
+    pub fn set_decoding(&self, version: Version, oversized: bool) {
+        let mut decoder = self.decoder();
+        decoder.set_version(version);
+        decoder.set_oversized(oversized);
+    }
+
+    /// Octets held of an incomplete frame.
+    pub fn buffered(&self) -> usize {
+        self.decoder().buffered()
+    }
+
     pub fn close(&self) {
         let _ = self.tx.send(Cmd::Close);
     }
@@ -193,6 +215,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
             // The kernel leaves quick-ack mode by itself: re-armed after every read.
             let _ = socket.set_tcp_quickack(true);
         }
+        let mut items = Vec::new();
+        let result = shared.decoder().feed(&buf[..size], &mut items);
+        // What Python has not taken yet: the decoded frames, about the octets read
+        // (an incomplete frame stays in the decoder, bounded by its limits).
         if shared.backlog.fetch_add(size, Ordering::AcqRel) + size > BACKLOG_LIMIT {
             shared.set_pause(BACKLOG, true);
             // Drained in between: the flag must not outlive the backlog.
@@ -200,7 +226,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 shared.set_pause(BACKLOG, false);
             }
         }
-        events.push(Event::Data(shared.id, buf[..size].to_vec()));
+        let failed = result.is_err();
+        events.push(Event::Items(shared.id, items, size, result.err()));
+        if failed {
+            // A malformed frame: nothing more is read; the session answers and closes.
+            shared.set_pause(STOP, true);
+            return Ok(());
+        }
     }
 }
 

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Runtime;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -26,15 +26,43 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use super::events::{Event, Events};
 use super::leg::{self, Io, Shared, PY, STOP};
 use super::tls;
+use crate::stomp::{self, Decoder, Limits, Version};
+
+/// How a leg decodes what it reads: (max_frame_bytes, max_header_count,
+/// max_header_line_bytes, max_command_bytes), as the sidecar's FrameLimits.
+type LimitsTuple = (usize, usize, usize, usize);
+
+#[derive(Clone, Copy)]
+struct Decoding {
+    limits: LimitsTuple,
+    /// The broker's commands (MESSAGE, RECEIPT...) rather than the client's.
+    server: bool,
+    /// Frames keep their received octets (relayed unchanged when not rewritten).
+    keep_wire: bool,
+}
+
+impl Decoding {
+    fn decoder(&self) -> PyResult<Decoder> {
+        let (max_frame_bytes, max_header_count, max_header_line_bytes, max_command) = self.limits;
+        let limits = Limits { max_frame_bytes, max_header_count, max_header_line_bytes };
+        let commands: &[&str] =
+            if self.server { &stomp::SERVER_COMMANDS } else { &stomp::CLIENT_COMMANDS };
+        let mut decoder = Decoder::with_commands(limits, commands, max_command, Version::V12)
+            .map_err(PyValueError::new_err)?;
+        decoder.set_keep_wire(self.keep_wire);
+        Ok(decoder)
+    }
+}
 
 /// Event kinds, as `drain` returns them (first item of each tuple).
-const DATA: u8 = 0;
+const ITEMS: u8 = 0;
 const EOF: u8 = 1;
 const CLOSED: u8 = 2;
 const ACCEPTED: u8 = 3;
 const CONNECTED: u8 = 4;
 const CONNECT_FAILED: u8 = 5;
 const REFUSED: u8 = 6;
+const MALFORMED: u8 = 7;
 
 struct Inner {
     events: Arc<Events>,
@@ -48,10 +76,10 @@ impl Inner {
         self.legs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
     }
 
-    fn new_leg(&self) -> (Arc<Shared>, mpsc::UnboundedReceiver<leg::Cmd>) {
+    fn new_leg(&self, decoder: Decoder) -> (Arc<Shared>, mpsc::UnboundedReceiver<leg::Cmd>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        let shared = Shared::new(id, tx);
+        let shared = Shared::new(id, tx, decoder);
         self.legs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, shared.clone());
         (shared, rx)
     }
@@ -77,6 +105,12 @@ struct Listening {
     handshake_timeout: Duration,
     /// The ERROR frame a client gets when no descriptor is left to serve it.
     refusal: Vec<u8>,
+    decoding: Decoding,
+    /// Plain TCP: one accept per permit, and Python hands a permit back once it has
+    /// taken the previous client and the loop has turned (`accept_more`). A burst of
+    /// connections (an idle flood) is then accepted at the pace the sidecar's handshake
+    /// budget evicts the oldest of them, as on the asyncio plane, instead of all at once.
+    gate: Arc<Semaphore>,
 }
 
 /// The sidecar's native data plane: a tokio runtime owning its sockets.
@@ -86,6 +120,7 @@ pub struct Plane {
     inner: Arc<Inner>,
     wake_read: UnixStream,
     listeners: Mutex<Vec<JoinHandle<()>>>,
+    gates: Mutex<Vec<Arc<Semaphore>>>,
 }
 
 #[pymethods]
@@ -112,6 +147,7 @@ impl Plane {
             }),
             wake_read,
             listeners: Mutex::new(Vec::new()),
+            gates: Mutex::new(Vec::new()),
         })
     }
 
@@ -122,13 +158,16 @@ impl Plane {
 
     /// Bind and listen on every address (all on the port the first one got when `port`
     /// is 0), and accept clients from now on; returns the port.
-    #[pyo3(signature = (hosts, port, refusal, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000))]
+    /// `limits`: how client frames are decoded (they are always encoded again, so they
+    /// keep no received octets).
+    #[pyo3(signature = (hosts, port, refusal, limits, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000))]
     #[allow(clippy::too_many_arguments)]
     fn listen(
         &self,
         hosts: Vec<String>,
         port: u16,
         refusal: Vec<u8>,
+        limits: LimitsTuple,
         cert: Option<String>,
         key: Option<String>,
         max_tls_handshakes: usize,
@@ -147,7 +186,13 @@ impl Plane {
             setting_up: Arc::new(AtomicUsize::new(0)),
             handshake_timeout: Duration::from_millis(handshake_timeout_ms),
             refusal,
+            decoding: Decoding { limits, server: false, keep_wire: false },
+            gate: Arc::new(Semaphore::new(1)),
         });
+        if setup.tls.is_none() {
+            self.gates.lock().unwrap_or_else(|e| e.into_inner()).push(setup.gate.clone());
+        }
+        setup.decoding.decoder()?; // invalid limits: an error now, not at each accept
         let handle = self.handle()?;
         let _guard = handle.enter();
         let mut port = port;
@@ -174,6 +219,15 @@ impl Plane {
         Ok(port)
     }
 
+    /// Python took the last client accepted: the listeners may accept the next one.
+    fn accept_more(&self) {
+        for gate in self.gates.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if gate.available_permits() == 0 {
+                gate.add_permits(1);
+            }
+        }
+    }
+
     /// Stop accepting (listening sockets closed); legs are not touched.
     fn close_listeners(&self) {
         for task in self.listeners.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
@@ -190,15 +244,24 @@ impl Plane {
     }
 
     /// Open a leg to the broker; returns its id at once, the outcome comes as an event.
-    #[pyo3(signature = (host, port, tls = false, quick_ack = false))]
-    fn connect(&self, host: String, port: u16, tls: bool, quick_ack: bool) -> PyResult<u64> {
+    /// `limits`: how the broker's frames are decoded (the broker leg's limits).
+    #[pyo3(signature = (host, port, limits, tls = false, quick_ack = false))]
+    fn connect(
+        &self,
+        host: String,
+        port: u16,
+        limits: LimitsTuple,
+        tls: bool,
+        quick_ack: bool,
+    ) -> PyResult<u64> {
         let config = if tls {
             let config = self.inner.upstream_tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
             Some(config.ok_or_else(|| PyRuntimeError::new_err("upstream TLS not configured"))?)
         } else {
             None
         };
-        let (shared, rx) = self.inner.new_leg();
+        let decoder = Decoding { limits, server: true, keep_wire: true }.decoder()?;
+        let (shared, rx) = self.inner.new_leg(decoder);
         let id = shared.id;
         let inner = self.inner.clone();
         self.handle()?.spawn(async move {
@@ -225,6 +288,22 @@ impl Plane {
         if let Some(shared) = self.inner.leg(leg) {
             shared.write(data.to_vec());
         }
+    }
+
+    /// Decode the leg's frames as STOMP `version` from now on; `oversized`: hand a frame
+    /// over the limits on (`Oversized`) instead of failing.
+    fn set_decoding(&self, leg: u64, version: &str, oversized: bool) -> PyResult<()> {
+        let version = Version::parse(version)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown STOMP version {version:?}")))?;
+        if let Some(shared) = self.inner.leg(leg) {
+            shared.set_decoding(version, oversized);
+        }
+        Ok(())
+    }
+
+    /// Octets of an incomplete frame the leg's decoder holds.
+    fn buffered(&self, leg: u64) -> usize {
+        self.inner.leg(leg).map_or(0, |shared| shared.buffered())
     }
 
     /// Octets queued on the leg and not written yet.
@@ -279,11 +358,23 @@ impl Plane {
         let out = PyList::empty(py);
         for event in events {
             let item = match event {
-                Event::Data(id, data) => {
+                Event::Items(id, items, size, error) => {
                     if let Some(shared) = self.inner.leg(id) {
-                        shared.drained(data.len());
+                        shared.drained(size);
                     }
-                    (DATA, id, PyBytes::new(py, &data).into_any(), py.None().into_bound(py))
+                    let list = PyList::empty(py);
+                    for item in items {
+                        list.append(stomp::item_into_py(py, item)?)?;
+                    }
+                    match error {
+                        None => (ITEMS, id, list.into_any(), size.into_pyobject(py)?.into_any()),
+                        Some(error) => (
+                            MALFORMED,
+                            id,
+                            list.into_any(),
+                            (size, error.reason, error.detail).into_pyobject(py)?.into_any(),
+                        ),
+                    }
                 }
                 Event::Eof(id) => (EOF, id, py.None().into_bound(py), py.None().into_bound(py)),
                 Event::Closed(id, error) => {
@@ -402,6 +493,12 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
     // refused instead of leaving it in the backlog without a word.
     let mut spare = File::open("/dev/null").ok();
     loop {
+        if setup.tls.is_none() {
+            match setup.gate.acquire().await {
+                Ok(permit) => permit.forget(),
+                Err(_) => return,
+            }
+        }
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -414,17 +511,23 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                     // Let sessions end and free descriptors before trying again.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                continue; // otherwise a client that left before it was accepted
+                // Otherwise a client that left before it was accepted. No client for
+                // Python: the permit is still this loop's.
+                if setup.tls.is_none() {
+                    setup.gate.add_permits(1);
+                }
+                continue;
             }
         };
         let _ = tcp.set_nodelay(true);
         let Some(acceptor) = setup.tls.clone() else {
-            let (shared, rx) = inner.new_leg();
+            let Ok(decoder) = setup.decoding.decoder() else {
+                setup.gate.add_permits(1);
+                continue;
+            };
+            let (shared, rx) = inner.new_leg(decoder);
             inner.events.push(Event::Accepted(shared.id, peer.ip().to_string(), peer.port()));
             inner.start(tcp, shared, rx, false);
-            // One accept per turn: a flood of connections does not starve the reads of
-            // the clients already served (see the sidecar's handshake budget).
-            tokio::task::yield_now().await;
             continue;
         };
         if setup.setting_up.load(Ordering::Acquire) >= setup.max_setting_up {
@@ -439,8 +542,8 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
         tokio::spawn(async move {
             let done = tokio::time::timeout(setup.handshake_timeout, acceptor.accept(tcp)).await;
             setup.setting_up.fetch_sub(1, Ordering::AcqRel);
-            if let Ok(Ok(stream)) = done {
-                let (shared, rx) = inner.new_leg();
+            if let (Ok(Ok(stream)), Ok(decoder)) = (done, setup.decoding.decoder()) {
+                let (shared, rx) = inner.new_leg(decoder);
                 inner.events.push(Event::Accepted(shared.id, peer.ip().to_string(), peer.port()));
                 inner.start(stream, shared, rx, false);
             }
