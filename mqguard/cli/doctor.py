@@ -7,6 +7,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from mqguard.cli.table import print_table
 from mqguard.doctor import DoctorOptions, Report, run_doctor
@@ -19,7 +20,8 @@ _STYLE = {"ok": "green", "warning": "yellow", "error": "bold red", "skipped": "d
 def _print(report: Report, console: Console) -> None:
     rows = [{"area": c.area, "check": c.name,
              "status": f"[{_STYLE[c.status.value]}]{c.status.value}[/]",
-             "detail": c.detail + (f"\nfix: {c.fix}" if c.fix else "")}
+             # Details quote TOML keys ("[mqguard] store"), which rich would take for markup.
+             "detail": escape(c.detail + (f"\nfix: {c.fix}" if c.fix else ""))}
             for c in report.checks]
     print_table("mqguard doctor", rows, ["area", "check", "status", "detail"], console=console)
     counts = report.counts()
@@ -40,19 +42,23 @@ def _print(report: Report, console: Console) -> None:
                    "it does not show over its protocol.")
 @click.option("--management-url",
               help="RabbitMQ management API (default http://<broker host>:15672).")
+@click.option("--rabbitmqctl", "rabbitmqctl",
+              help="RabbitMQ: a rabbitmqctl command line (e.g. 'rabbitmqctl -n rabbit@host') "
+                   "to read queues, policies and the clock with, instead of the management "
+                   "API.")
 @click.option("--addresses", type=click.IntRange(min=1),
               help="Addresses to budget duplicate-ID rings for (default: those the "
                    "configuration names, wildcard keys counting one each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(url: str | None, store: str | None, config_path: str | None,
-           broker_config: str | None, management_url: str | None, addresses: int | None,
-           as_json: bool) -> None:
+           broker_config: str | None, management_url: str | None, rabbitmqctl: str | None,
+           addresses: int | None, as_json: bool) -> None:
     """Check the configuration, the broker, Redis and the clocks; each check ok, warning or
     error with the fix. Exit 0 when all is well, 1 with warnings, 2 with errors
     (docs/doctor.md)."""
     options = DoctorOptions(url=url, store=store, config_path=config_path,
                             broker_config=broker_config, management_url=management_url,
-                            addresses=addresses)
+                            rabbitmqctl=rabbitmqctl, addresses=addresses)
     if as_json:
         report = run_doctor(options)
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -1,12 +1,12 @@
 """Doctor checks of a STOMP broker: it answers, which broker and version it is (the
 CONNECTED ``server`` header), then the per-broker checks (ActiveMQ probes and
-``activemq.xml``; RabbitMQ's management API)."""
+``activemq.xml``; RabbitMQ's management API or ``rabbitmqctl``)."""
 
 from __future__ import annotations
 
 from mqguard.config import MqguardConfig
 from mqguard.doctor.broker_activemq import activemq_config_checks, probe_activemq
-from mqguard.doctor.broker_rabbitmq import check_rabbitmq_management
+from mqguard.doctor.broker_rabbitmq import check_rabbitmq
 from mqguard.doctor.clock import Skew
 from mqguard.doctor.model import Check, Status
 from mqguard.errors import MqguardError
@@ -36,7 +36,8 @@ def _version_check(broker: str, server: str, where: str) -> Check:
 
 
 def check_stomp_broker(url: str, config: MqguardConfig | None, *, broker_config: str | None,
-                       management_url: str | None) -> tuple[list[Check], Skew | None]:
+                       management_url: str | None, rabbitmqctl: str | None = None
+                       ) -> tuple[list[Check], Skew | None]:
     """Every check of the STOMP broker at ``url``, and its clock skew when measured."""
     where = redact_url(url)
     try:
@@ -64,8 +65,9 @@ def check_stomp_broker(url: str, config: MqguardConfig | None, *, broker_config:
             checks += probes
             checks += activemq_config_checks(broker_config)
         elif broker == "rabbitmq":
-            management, skew = check_rabbitmq_management(url, management_url)
-            checks += management
+            facts, skew = check_rabbitmq(url, management_url=management_url,
+                                         rabbitmqctl=rabbitmqctl)
+            checks += facts
         return checks, skew
     finally:
         adapter.close()

@@ -34,6 +34,9 @@ class DoctorOptions:
     broker_config: str | None = None
     #: RabbitMQ management API URL; default ``http://<broker host>:15672``.
     management_url: str | None = None
+    #: A ``rabbitmqctl`` command line for RabbitMQ's queues and policies (instead of the
+    #: management API), e.g. ``"rabbitmqctl -n rabbit@host"``.
+    rabbitmqctl: str | None = None
     #: Addresses to budget duplicate-ID rings for, beyond those the configuration names.
     addresses: int | None = None
 
@@ -59,7 +62,8 @@ def _broker(options: DoctorOptions, url: str | None, cfg: MqguardConfig | None
     scheme = url.partition("://")[0].lower()
     if scheme in _STOMP:
         return check_stomp_broker(url, cfg, broker_config=options.broker_config,
-                                  management_url=options.management_url)
+                                  management_url=options.management_url,
+                                  rabbitmqctl=options.rabbitmqctl)
     if scheme in _MQTT:
         return check_mqtt_broker(url, broker_config=options.broker_config), None
     return [Check("broker", "reachable", Status.ERROR,

@@ -300,3 +300,54 @@ def test_rabbitmq_queue_types_expiry_policy_and_clock_from_the_management_api(
     assert checks["broker/expiry-policy"]["status"] == "ok", checks["broker/expiry-policy"]
     assert checks["broker/queue-types"]["data"].get("quorum") == 1
     assert code == 0, _with(payload, "warning") + _with(payload, "error")
+
+
+_RABBITMQCTL = """\
+import sys
+from pathlib import Path
+
+from mqguard.errors import MqguardError
+from mqguard.servers import ServerHandle
+from mqguard.servers.rabbitmq import rabbitmqctl
+
+try:
+    sys.stdout.write(rabbitmqctl(ServerHandle.load(Path(sys.argv[1])), *sys.argv[2:]))
+except MqguardError as exc:
+    sys.exit(str(exc))
+"""
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_queue_types_and_clock_through_rabbitmqctl(
+        tmp_path: Path, mqguard_rabbitmq_server: ServerHandle, mqguard_unique_name: str) -> None:
+    # rabbitmqctl as an operator runs it on the broker's host: here through the launcher,
+    # which knows the node's name, cookie and epmd port.
+    script = tmp_path / "rabbitmqctl.py"
+    script.write_text(_RABBITMQCTL)
+    command = f"{sys.executable} {script} {mqguard_rabbitmq_server.state_dir}"
+    adapter: Any = open_adapter(mqguard_rabbitmq_server.urls["stomp"], heartbeats=(0, 0))
+    adapter.connect()
+    try:
+        from mqguard.adapter import SubscribeOptions
+
+        adapter.unsubscribe(adapter.subscribe(
+            mqguard_unique_name, lambda d: None,
+            SubscribeOptions(headers={"x-queue-type": "quorum", "durable": "true",
+                                      "auto-delete": "false"})))
+    finally:
+        adapter.close()
+    code, payload = _doctor(tmp_path, "--url", mqguard_rabbitmq_server.urls["stomp"],
+                            "--rabbitmqctl", command)
+    checks = _by_name(payload)
+    assert checks["broker/queue-types"]["status"] == "ok"
+    assert checks["broker/queue-types"]["data"]["quorum"] >= 1
+    # The session node's policies belong to other tests too: only that it was read.
+    assert checks["broker/expiry-policy"]["status"] in ("ok", "warning")
+    skew = checks["clock/skew-broker"]
+    assert skew["status"] == "ok" and skew["data"]["method"].startswith("rabbitmqctl")
+    assert code in (0, 1)
+
+    code, payload = _doctor(tmp_path, "--url", mqguard_rabbitmq_server.urls["stomp"],
+                            "--rabbitmqctl", f"{sys.executable} {script} {tmp_path}")
+    skipped = _by_name(payload)["broker/queue-types"]
+    assert skipped["status"] == "skipped" and "exited with 1" in skipped["detail"]

@@ -98,7 +98,7 @@ def test_every_option_of_the_command_is_in_the_synopsis() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
     synopsis = page.split("```", 2)[1]
     params = [p for p in doctor.params if p.opts]
-    assert len(params) == 7
+    assert len(params) == 8
     for param in params:
         # Each option as "[-x" or "[--long", followed by its value or the closing bracket.
         assert any(re.search(rf"\[{re.escape(opt)}[ \]]", synopsis) for opt in param.opts), \
