@@ -40,12 +40,21 @@ class Skew:
     offset_ms: float
     #: Half the round trip plus the other clock's resolution, in ms.
     uncertainty_ms: float
+    #: The clock compared with.
+    reference: str = "this host"
 
     @classmethod
     def from_round_trip(cls, source: str, method: str, t0_ms: float, t1_ms: float,
                         remote_ms: float, resolution_ms: float = 0.0) -> Skew:
         return cls(source, method, remote_ms - (t0_ms + t1_ms) / 2,
                    (t1_ms - t0_ms) / 2 + resolution_ms)
+
+    def relative_to(self, other: Skew) -> Skew:
+        """This clock against ``other``'s, both measured from this host: the difference of
+        the offsets, the sum of the uncertainties."""
+        return Skew(self.source, f"difference of the {other.source} and {self.source} "
+                    "measurements", self.offset_ms - other.offset_ms,
+                    self.uncertainty_ms + other.uncertainty_ms, reference=other.source)
 
     @property
     def least_ms(self) -> float:
@@ -59,12 +68,14 @@ def skew_check(skew: Skew) -> Check:
     status = (Status.ERROR if least > ERROR_MS else
               Status.WARNING if least > WARNING_MS else Status.OK)
     ahead = "ahead of" if skew.offset_ms >= 0 else "behind"
-    detail = (f"{skew.source} clock {abs(skew.offset_ms):.0f} ms {ahead} this host "
+    detail = (f"{skew.source} clock {abs(skew.offset_ms):.0f} ms {ahead} {skew.reference} "
               f"(+/- {skew.uncertainty_ms:.0f} ms; {skew.method})")
     fix = "" if status is Status.OK else (
-        f"synchronise the clocks of this host and {skew.source} (NTP/chrony): expirations "
-        "are wall-clock epoch ms")
-    return Check("clock", f"skew-{skew.source}", status, detail, fix,
+        f"synchronise the clocks of {skew.reference} and {skew.source} (NTP/chrony): "
+        "expirations are wall-clock epoch ms")
+    name = (f"skew-{skew.source}" if skew.reference == "this host"
+            else f"skew-{skew.source}-{skew.reference}")
+    return Check("clock", name, status, detail, fix,
                  data={"offset_ms": round(skew.offset_ms, 1),
                        "uncertainty_ms": round(skew.uncertainty_ms, 1),
                        "method": skew.method})

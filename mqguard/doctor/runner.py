@@ -113,4 +113,8 @@ def run_doctor(options: DoctorOptions, progress: Callable[[str], None] | None = 
         elif not any(c.area == "clock" and c.name == f"skew-{source}" for c in report.checks):
             report.add(Check("clock", f"skew-{source}", Status.SKIPPED,
                              f"not measured: {source} not checked or shows no clock"))
+    if broker_skew is not None and redis_skew is not None:
+        # The broker's native expiry and mqguard's Redis-held schedules compare with each
+        # other too, not only with this host.
+        report.add(skew_check(broker_skew.relative_to(redis_skew)))
     return report

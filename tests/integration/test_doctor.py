@@ -88,10 +88,10 @@ def test_well_configured_rig_exits_0(tmp_path: Path, mqguard_activemq_server: Se
     assert checks["broker/kind"]["data"]["server"] == f"ActiveMQ/{mqguard_activemq_server.version}"
     for name in ("broker/scheduler", "broker/max-page-size", "redis/maxmemory-policy",
                  "redis/persistence", "redis/memory-headroom", "clock/skew-redis",
-                 "clock/skew-broker"):
+                 "clock/skew-broker", "clock/skew-broker-redis"):
         assert checks[name]["status"] == "ok", checks[name]
     # Same host: both clocks agree within the measurement.
-    for name in ("clock/skew-redis", "clock/skew-broker"):
+    for name in ("clock/skew-redis", "clock/skew-broker", "clock/skew-broker-redis"):
         data = checks[name]["data"]
         assert abs(data["offset_ms"]) <= data["uncertainty_ms"] + 50
     assert checks["broker/scheduler"]["data"]["delay_ms"] >= 800

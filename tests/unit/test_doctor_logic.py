@@ -43,6 +43,11 @@ def test_skew_verdict_uses_the_smallest_skew_the_round_trip_allows() -> None:
     assert late.status is Status.ERROR and "ahead of" in late.detail and late.fix
     skew = Skew.from_round_trip("redis", "m", t0_ms=1000.0, t1_ms=1010.0, remote_ms=1105.0)
     assert skew.offset_ms == 100.0 and skew.uncertainty_ms == 5.0
+    # Each within the bar of this host, but 400 ms apart: a warning between the two.
+    pair = Skew("broker", "m", 200.0, 10.0).relative_to(Skew("redis", "m", -200.0, 10.0))
+    check = skew_check(pair)
+    assert (check.name, check.status) == ("skew-broker-redis", Status.WARNING)
+    assert pair.uncertainty_ms == 20.0 and "ahead of redis" in check.detail
 
 
 def test_ring_budget_counts_named_addresses_wildcards_and_extra_ones() -> None:
