@@ -1,0 +1,68 @@
+"""The conformance run's pure parts: seeded generation, the comparison, and the list of
+documented deviations (each a heading of docs/artemis-compat.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mqguard.conformance.compare import DEVIATIONS, compare
+from mqguard.conformance.generator import MAX_SENDS, generate
+from mqguard.conformance.model import Batch, Moved, Observation, Scenario, SendSpec, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_generation_is_seeded_and_bounded() -> None:
+    first, again, other = generate(15, 3), generate(15, 3), generate(15, 4)
+    assert first == again
+    assert first != other
+    for scenario in first:
+        keys = [s.key for b in scenario.batches for s in b.sends]
+        assert keys == list(range(1, len(keys) + 1)) and len(keys) <= MAX_SENDS
+        for batch in scenario.batches:
+            if batch.transaction != "none":
+                ids = [s.duplicate_id for s in batch.sends if s.duplicate_id]
+                assert len(ids) == len(set(ids))  # the same id twice: deviation b, not here
+        assert all(1 <= len(actions) <= 3 for _, actions in scenario.plans)
+
+
+def test_generation_covers_the_features() -> None:
+    used = set().union(*(s.uses for s in generate(40, 0)))
+    assert {"fail", "disconnect", "tx-commit", "tx-abort", "duplicate-id", "bridge-id",
+            "ttl-short", "ttl-long"} <= used
+
+
+SCENARIO = Scenario(Settings(max_delivery_attempts=2, dead_letter="address"),
+                    (Batch((SendSpec(1), SendSpec(2, "a"))),), ((1, ("fail", "fail")),))
+
+
+def _obs(deliveries: list[tuple[int, int]], dead: list[Moved] | None = None) -> Observation:
+    return Observation(["ok"], deliveries, dead or [], [])
+
+
+def test_compare_finds_counts_order_and_moved_headers() -> None:
+    ref = _obs([(1, 1), (1, 2), (2, 1)], [Moved(1, "A", "A", True, False)])
+    assert compare(SCENARIO, "artemis", ref, "A", "sidecar-rabbitmq", ref, "A") == []
+    # The address names differ per path: only their relation to the path's own counts.
+    renamed = _obs([(1, 1), (1, 2), (2, 1)], [Moved(1, "B", "B", True, False)])
+    assert compare(SCENARIO, "artemis", ref, "A", "sidecar-rabbitmq", renamed, "B") == []
+
+    other = _obs([(1, 1), (2, 1), (1, 2), (1, 3)], [Moved(1, "B", "X", False, False)])
+    diffs = compare(SCENARIO, "artemis", ref, "A", "sidecar-rabbitmq", other, "B")
+    assert {d.kind for d in diffs} == {"delivery-count", "dead-letters"}
+    assert all(d.deviation is None for d in diffs)
+
+    tail = _obs([(1, 1), (2, 1), (1, 2)], [Moved(1, "B", "B", True, False)])
+    (diff,) = compare(SCENARIO, "artemis", ref, "A", "sidecar-activemq", tail, "B")
+    assert diff.kind == "redelivery-position" and diff.deviation is not None
+    (diff,) = compare(SCENARIO, "artemis", ref, "A", "sidecar-rabbitmq", tail, "B")
+    assert diff.deviation is None  # RabbitMQ redelivers at the head, as Artemis does
+
+
+def test_every_documented_deviation_is_a_heading_of_artemis_compat() -> None:
+    text = (ROOT / "docs" / "artemis-compat.md").read_text()
+    headings = set(re.findall(r"^### (.+)$", text, flags=re.M))
+    assert DEVIATIONS
+    for heading in DEVIATIONS:
+        assert heading in headings, heading
