@@ -43,8 +43,14 @@ def check_stomp_broker(url: str, config: MqguardConfig | None, *, broker_config:
     try:
         adapter = open_adapter(url, connect_timeout=_TIMEOUT, receipt_timeout=_TIMEOUT,
                                reconnect_attempts=0, heartbeats=(0, 0), persistent=False)
+    except MqguardError as exc:
+        return [Check("broker", "reachable", Status.ERROR,
+                      f"{where}: {redact_text(str(exc), url)}",
+                      fix="correct --url (stomp://host:61613)")], None
+    try:
         adapter.connect()
     except MqguardError as exc:
+        adapter.close()
         return [Check("broker", "reachable", Status.ERROR,
                       f"{where}: {redact_text(str(exc), url)}",
                       fix="start the broker or correct --url (host, port, credentials, "
@@ -68,6 +74,10 @@ def check_stomp_broker(url: str, config: MqguardConfig | None, *, broker_config:
             facts, skew = check_rabbitmq(url, management_url=management_url,
                                          rabbitmqctl=rabbitmqctl)
             checks += facts
+        if broker_config is not None and broker != "activemq":
+            checks.append(Check("broker", "broker-config", Status.SKIPPED,
+                                f"--broker-config is read for ActiveMQ (activemq.xml) and "
+                                f"Mosquitto (mosquitto.conf), not for {broker}"))
         return checks, skew
     finally:
         adapter.close()

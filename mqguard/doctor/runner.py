@@ -51,7 +51,8 @@ def _guarded(area: str, url: str, run: Callable[[], tuple[list[Check], Skew | No
         text = redact_urls_in(redact_text(f"{type(exc).__name__}: {exc}", url))
         return [Check(area, "unexpected-failure", Status.ERROR,
                       f"{area} checks failed: {text}",
-                      fix="run with -vv for details; report it if the cause is not clear")], None
+                      fix="an unexpected failure of the check itself: report it with this "
+                          "message")], None
 
 
 def _broker(options: DoctorOptions, url: str | None, cfg: MqguardConfig | None
