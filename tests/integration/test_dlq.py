@@ -11,6 +11,7 @@ import pytest
 from mqguard_tests.dlq import BROKERS, Scenario, broker_url
 
 from mqguard.message import ORIG_ADDRESS_HEADER
+from mqguard.testing.waiting import wait_for
 
 
 @pytest.mark.parametrize("kind", BROKERS)
@@ -67,3 +68,47 @@ def test_purge_refuses_a_bad_duration_and_asks_first(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--older-than" in result.output and "7d" in result.output
     result = scenario.cli("purge", "q.DLA", stdin="n\n")
     assert result.exit_code == 1 and "Delete every message in q.DLA" in result.output
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_retry_filters_dry_run_and_to(kind: str, request: pytest.FixtureRequest,
+                                      tmp_path: Path, mqguard_unique_name: str) -> None:
+    scenario = Scenario(kind, broker_url(kind, request), mqguard_unique_name, tmp_path)
+    scenario.dead_letter(4)
+    out = json.loads(scenario.run("retry", scenario.dla, "--dry-run", "--json"))
+    assert (out["retried"], out["dry_run"], out["by_target"]) == (4, True, {scenario.name: 4})
+    assert len(scenario.dla_contents()) == 4  # nothing moved
+    assert "dlq_retried" not in {e["type"] for e in scenario.read_events()}
+
+    out = json.loads(scenario.run("retry", scenario.dla, "--original", "elsewhere", "--json"))
+    assert (out["retried"], out["skipped"]) == (0, 4)
+
+    letters = scenario.dla_contents()
+    chosen = letters[0].original_message_id
+    other = f"{scenario.name}.fixed"
+    if kind == "mosquitto":  # a topic keeps nothing without a subscribed session
+        holder = scenario.adapter("holder")
+        holder.connect()
+        holder.subscribe(other, lambda delivery: None)
+        holder.close()
+    out = json.loads(scenario.run("retry", scenario.dla, "--id", str(chosen), "--to", other,
+                                  "--json"))
+    assert (out["retried"], out["by_target"]) == (1, {other: 1})
+    left = scenario.dla_contents()
+    assert len(left) == 3 and chosen not in {x.original_message_id for x in left}
+    received = []
+    reader = scenario.adapter("holder")
+    reader.connect()
+    try:
+        reader.subscribe(other, received.append)
+        wait_for(lambda: received, 10, "the copy at --to")
+    finally:
+        reader.close()
+    (copy,) = [d.message for d in received]
+    assert copy.headers[ORIG_ADDRESS_HEADER] == scenario.dla
+    assert copy.message_id.endswith("~r") and copy.expiration == 0
+    assert copy.body in {f"m-{i}".encode() for i in range(4)}
+
+    out = json.loads(scenario.run("retry", scenario.dla, "--limit", "2", "--json"))
+    assert out["retried"] == 2
+    assert len(scenario.dla_contents()) == 1
