@@ -30,23 +30,25 @@ def _print(report: Report, console: Console) -> None:
 
 
 @click.command()
-@click.option("--url", help="Broker URL (stomp://, stomp+ssl://, mqtt://, mqtts://); default: "
-                            "the first broker group's local node. Credentials are never "
-                            "printed.")
-@click.option("--store", help="Store URL (redis://, redis+cluster://...); default: [mqguard] "
-                              "store of the configuration.")
+@click.option("--url", metavar="BROKER",
+              help="Broker URL (stomp://, stomp+ssl://, mqtt://, mqtts://); default: the "
+                   "first broker group's local node. Credentials are never printed.")
+@click.option("--store", metavar="URL",
+              help="Store URL (redis://, redis+cluster://...); default: [mqguard] store of "
+                   "the configuration.")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+              metavar="mqguard.toml",
               help="mqguard.toml (default ./mqguard.toml if present, else the defaults).")
-@click.option("--broker-config", type=click.Path(dir_okay=False),
+@click.option("--broker-config", type=click.Path(dir_okay=False), metavar="FILE",
               help="The broker's own configuration (activemq.xml, mosquitto.conf), for what "
                    "it does not show over its protocol.")
-@click.option("--management-url",
+@click.option("--management-url", metavar="URL",
               help="RabbitMQ management API (default http://<broker host>:15672).")
-@click.option("--rabbitmqctl", "rabbitmqctl",
+@click.option("--rabbitmqctl", "rabbitmqctl", metavar="COMMAND",
               help="RabbitMQ: a rabbitmqctl command line (e.g. 'rabbitmqctl -n rabbit@host') "
                    "to read queues, policies and the clock with, instead of the management "
                    "API.")
-@click.option("--addresses", type=click.IntRange(min=1),
+@click.option("--addresses", type=click.IntRange(min=1), metavar="N",
               help="Addresses to budget duplicate-ID rings for (default: those the "
                    "configuration names, wildcard keys counting one each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -4,7 +4,6 @@ tests/integration/test_doctor.py)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -105,6 +104,6 @@ def test_every_option_of_the_command_is_in_the_synopsis() -> None:
     params = [p for p in doctor.params if p.opts]
     assert len(params) == 8
     for param in params:
-        # Each option as "[-x" or "[--long", followed by its value or the closing bracket.
-        assert any(re.search(rf"\[{re.escape(opt)}[ \]]", synopsis) for opt in param.opts), \
-            param.opts
+        # Each option as "[-x VALUE" or "[--long]", with the value named as in --help.
+        value = "" if getattr(param, "is_flag", False) else f" {param.metavar}"
+        assert any(f"[{opt}{value}]" in synopsis for opt in param.opts), param.opts
