@@ -159,8 +159,8 @@ def start_rabbitmq_cluster(
 ) -> ServerHandle:
     """Start ``nodes`` RabbitMQ nodes on loopback and join them into one cluster.
 
-    Node 1 boots alone; the others boot at the same time as each other once it runs, then
-    each does ``stop_app``, ``join_cluster <node 1>``, ``start_app``.  The handle's main
+    The nodes boot at the same time, each a single-node cluster; then nodes 2.. each do
+    ``stop_app``, ``join_cluster <node 1>``, ``start_app``, one after the other.  The handle's main
     process is node 1; wrap it in :class:`RabbitMQCluster` to reach the other nodes.  A state
     dir is not restartable as a whole: start a new cluster, or restart single nodes.
     """
@@ -193,10 +193,9 @@ def start_rabbitmq_cluster(
             return start_rabbitmq(sd / f"node{i}", epmd_port=epmd_port, cookie=cookie,
                                   nodename=f"mqguard-c{epmd_port}-{i}@localhost")
 
-        first = boot(1)
-        node_handles.append(first)
-        with ThreadPoolExecutor(max_workers=max(1, nodes - 1)) as pool:
-            futures = [pool.submit(boot, i) for i in range(2, nodes + 1)]
+        # All nodes boot at once (a boot is mostly waiting); they join node 1 afterwards.
+        with ThreadPoolExecutor(max_workers=nodes) as pool:
+            futures = [pool.submit(boot, i) for i in range(1, nodes + 1)]
             errors: list[BaseException] = []
             for future in futures:
                 try:
@@ -205,6 +204,7 @@ def start_rabbitmq_cluster(
                     errors.append(exc)
             if errors:
                 raise errors[0]
+        first = node_handles[0]
         target = first.meta["nodename"]
         for node in node_handles[1:]:
             _join(node, target)

@@ -155,7 +155,7 @@ def test_delivery_counts_agree_with_x_delivery_count_across_nodes(
         mqguard_rabbitmq_cluster: RabbitMQCluster, mqguard_redis_url: str, tmp_path: Path,
         mqguard_unique_name: str) -> None:
     """Delivery 1 fails on node 2's consumer, which then goes away while its redelivery is
-    held back (redelivery-delay): the broker takes the message back. Deliveries 2 and 3 fail
+    held back (redelivery-delay 5 s): the broker takes the message back. Deliveries 2 and 3 fail
     on node 3's consumer (another guard, same Redis), and the third failure dead-letters it.
     Every count mqguard assigned equals the quorum queue's ``x-delivery-count`` + 1.
 
@@ -163,7 +163,7 @@ def test_delivery_counts_agree_with_x_delivery_count_across_nodes(
     its SEND declares ``x-queue-type: quorum`` (a classic DLA refuses it, PRECONDITION_FAILED).
     """
     cluster, q = mqguard_rabbitmq_cluster, mqguard_unique_name
-    settings = {"max-delivery-attempts": 3, "redelivery-delay": 2000}
+    settings = {"max-delivery-attempts": 3, "redelivery-delay": 5000}
     dead: list[Message] = []
     on_node_2, on_node_3 = Failing(), Failing()
     with guard("dla", q, mqguard_redis_url, tmp_path) as dla_guard, \
@@ -178,7 +178,7 @@ def test_delivery_counts_agree_with_x_delivery_count_across_nodes(
             sent = producer.send(q, "poison", headers=QUORUM).message
             assert on_node_2.first.wait(30), "no delivery on node 2"
         finally:
-            first.close()  # within the 2 s delay: the broker gets the message back unsettled
+            first.close()  # within the 5 s delay: the broker gets the message back unsettled
             first.guard.close()
         with guard("count-3", q, mqguard_redis_url, tmp_path, **settings) as g3, \
                 GuardedConsumer(open_adapter(cluster.stomp_url(3)), q, on_node_3, g3,
