@@ -29,8 +29,22 @@ DEFAULT_PREVIEW_BYTES: Final = 256
 #: Headers that describe a move rather than the message (dropped from a retried copy).
 MOVE_HEADERS: Final = frozenset({MOVE_REASON_HEADER, ACTUAL_EXPIRY_HEADER, MOVED_AT_HEADER,
                                  ORIG_DELIVERY_COUNT_HEADER, BRIDGE_DUPLICATE_ID_HEADER})
-#: ActiveMQ's own reason on the messages it dead-letters itself (``ActiveMQ.DLQ``).
+#: ActiveMQ's own reason on the messages it dead-letters itself (``ActiveMQ.DLQ``), where
+#: its protocol passes it on, and where it came from (STOMP: ``/queue/<name>``).
 _BROKER_REASON: Final = "dlqDeliveryFailureCause"
+_BROKER_ORIGIN: Final = "original-destination"
+_DESTINATION_PREFIXES: Final = ("/queue/", "/topic/", "/amq/queue/")
+
+
+def _broker_origin(raw: Mapping[str, str]) -> str | None:
+    """The queue ActiveMQ dead-lettered a message from itself (a NACK, its own expiry)."""
+    destination = raw.get(_BROKER_ORIGIN)
+    if not destination:
+        return None
+    for prefix in _DESTINATION_PREFIXES:
+        if destination.startswith(prefix):
+            return destination[len(prefix):]
+    return destination
 
 
 def body_preview(body: bytes, limit: int) -> dict[str, Any]:
@@ -94,12 +108,15 @@ class DeadLetter:
         headers = message.headers
         expiry = _int(headers, ACTUAL_EXPIRY_HEADER)
         moved_at = _int(headers, MOVED_AT_HEADER) or expiry or _int(raw, "timestamp")
+        broker_origin = _broker_origin(raw)
         reason = headers.get(MOVE_REASON_HEADER) or raw.get(_BROKER_REASON)
         if reason is None and raw.get("x-first-death-reason"):
             reason = f"dead-lettered by RabbitMQ ({raw['x-first-death-reason']})"
+        if reason is None and broker_origin is not None:
+            reason = "dead-lettered by ActiveMQ"
         return cls(
             delivery=delivery, address=address,
-            original_address=headers.get(ORIG_ADDRESS_HEADER) or raw.get("originalDestination"),
+            original_address=headers.get(ORIG_ADDRESS_HEADER) or broker_origin,
             original_queue=headers.get(ORIG_QUEUE_HEADER) or raw.get("x-first-death-queue"),
             original_message_id=headers.get(ORIG_MESSAGE_ID_HEADER),
             reason=reason, kind="expired" if expiry is not None else "dead-letter",

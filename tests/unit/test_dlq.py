@@ -86,3 +86,16 @@ def test_the_retried_copy_follows_artemis_retry_messages() -> None:
     assert copy.headers == {ORIG_ADDRESS_HEADER: "orders.DLA", ORIG_QUEUE_HEADER: "orders.DLA",
                             ORIG_MESSAGE_ID_HEADER: "D" * 20, "app": "kept",
                             BRIDGE_DUPLICATE_ID_HEADER: "dlq:" + "D" * 20}
+
+
+def test_activemq_own_dead_letters_name_their_queue() -> None:
+    message = Message(address="ActiveMQ.DLQ", body=b"x", broker_message_id="ID:1")
+    delivery = Delivery(message, "s", None, raw_headers={
+        "original-destination": "/queue/orders", "timestamp": "1234"})
+    letter = DeadLetter.from_delivery(delivery, "ActiveMQ.DLQ")
+    assert (letter.original_address, letter.reason, letter.moved_at, letter.message_id) == (
+        "orders", "dead-lettered by ActiveMQ", 1234, "ID:1")
+    # Retried to that queue under a new random id (no mqguard id to derive one from).
+    copy = retry_copy(letter, "orders", None)
+    assert copy.address == "orders" and copy.message_id and BRIDGE_DUPLICATE_ID_HEADER \
+        not in copy.headers
