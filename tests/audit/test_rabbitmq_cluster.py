@@ -196,6 +196,35 @@ def test_delivery_counts_agree_with_x_delivery_count_across_nodes(
         delivered, key=lambda e: e["delivery_count"])] == [1, 2, 3]
 
 
+def test_a_killed_node_rejoins_on_its_old_ports_with_the_queue(
+        mqguard_rabbitmq_cluster: RabbitMQCluster, mqguard_unique_name: str,
+        tmp_path: Path) -> None:
+    """SIGKILL of node 3 and a restart: the others carry on without it, and it comes back
+    under its old name and STOMP port, a member of the queue again, delivering what was sent
+    while it was down."""
+    cluster, q = mqguard_rabbitmq_cluster, mqguard_unique_name
+    url_before, name = cluster.stomp_url(3), cluster.nodename(3)
+    got: list[Message] = []
+    with guard("rejoin", q, "memory", tmp_path) as g:
+        with GuardedConsumer(open_adapter(cluster.stomp_url(1)), q, got.append, g,
+                             options=quorum_options()):
+            pass  # declares the quorum queue (members: all three nodes)
+        cluster.kill_node(3)
+        assert not cluster.node(3).is_running()
+        assert name not in cluster.running_nodes(1)
+        with GuardedProducer(open_adapter(cluster.stomp_url(2)), g) as producer:
+            assert producer.send(q, "while node 3 was down", headers=QUORUM).sent
+        cluster.restart_node(3)
+        assert cluster.stomp_url(3) == url_before and cluster.nodename(3) == name
+        assert cluster.running_nodes(2) == {cluster.nodename(i) for i in (1, 2, 3)}
+        with GuardedConsumer(open_adapter(cluster.stomp_url(3)), q, got.append, g,
+                             options=quorum_options()):
+            wait_for(lambda: bool(got), 30, "the message through the restarted node")
+    assert [m.body for m in got] == [b"while node 3 was down"]
+    assert cluster.handle.pid == cluster.node(1).pid
+    assert cluster.node(3).pid in cluster.handle.extra_pids
+
+
 TOTAL, KILL_AFTER = 300, 100
 
 
