@@ -176,9 +176,10 @@ BROKER_ADDED_BYTES: Final = 64 * 1024
 #: redelivery policy's text: a few hundred octets).
 BROKER_LINE_BYTES: Final = 8192
 #: Headers a dead-letter or expiry copy adds to a message (``_AMQ_ORIG_ADDRESS``,
-#: ``_AMQ_ORIG_QUEUE``, ``_AMQ_ORIG_MESSAGE_ID``, the reason, ``_AMQ_ACTUAL_EXPIRY``), with
-#: room to spare: a SEND is refused unless its copies will fit the broker's header count too.
-COPY_ADDED_HEADERS: Final = 8
+#: ``_AMQ_ORIG_QUEUE``, ``_AMQ_ORIG_MESSAGE_ID``, the reason, ``_AMQ_ACTUAL_EXPIRY``,
+#: ``mqguard-moved-at``, ``mqguard-orig-delivery-count``), with room to spare: a SEND is
+#: refused unless its copies will fit the broker's header count too.
+COPY_ADDED_HEADERS: Final = 10
 #: The sidecar's receipt header on a SEND (``receipt:mqguard-r-<n>`` and its EOL), at most.
 _RECEIPT_LINE_BYTES: Final = 64
 #: STOMP escaping turns one octet (``\\`` LF ``:`` CR) into two, never more.
