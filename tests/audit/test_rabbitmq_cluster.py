@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stomp  # type: ignore[import-untyped]
 
 from mqguard.adapter import SubscribeOptions
 from mqguard.audit.checks import CheckOptions
@@ -35,6 +36,7 @@ from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.registry import open_adapter
 from mqguard.servers.rabbitmq_cluster import RabbitMQCluster
+from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.waiting import wait_for
 
 pytest_plugins = ["mqguard.testing.rabbitmq_cluster"]
@@ -136,6 +138,62 @@ def test_without_a_shared_store_the_broker_keeps_both_copies(
         assert on_node_2.send(q, "again", headers=QUORUM, duplicate_id="order-1").sent
         wait_for(lambda: len(got) >= 2, 30, "both copies on node 3")
     assert sorted(m.body for m in got) == [b"again", b"first"]
+
+
+class StompClient(stomp.ConnectionListener):  # type: ignore[misc]
+    """An unmodified stomp.py 1.2 client (no mqguard in it) that records receipts."""
+
+    def __init__(self, port: int) -> None:
+        self.receipts: list[str] = []
+        self.errors: list[str] = []
+        self.conn = stomp.Connection12([("127.0.0.1", port)], vhost="/")
+        self.conn.set_listener("recorder", self)
+        self.conn.connect("guest", "guest", wait=True)
+
+    def on_receipt(self, frame: Any) -> None:
+        self.receipts.append(frame.headers["receipt-id"])
+
+    def on_error(self, frame: Any) -> None:
+        self.errors.append(frame.headers.get("message", ""))
+
+
+def test_sidecars_on_two_nodes_share_duplicate_detection(
+        mqguard_rabbitmq_cluster: RabbitMQCluster, mqguard_redis_url: str, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    """The same through two sidecars, one in front of node 1 and one in front of node 2, both
+    on the same Redis: plain STOMP clients get the duplicate receipted but not routed."""
+    cluster, q = mqguard_rabbitmq_cluster, mqguard_unique_name
+
+    def sidecar(node: int) -> SidecarThread:
+        config = parse_config({
+            "mqguard": {"store": mqguard_redis_url, "node-id": f"sidecar-{node}",
+                        "message-expiry-scan-period": -1,
+                        "event-log": {"directory": str(tmp_path / f"sidecar-{node}"),
+                                      "flush-interval-ms": 20}}})
+        return SidecarThread(Sidecar(config, parse_upstream(cluster.stomp_url(node))))
+
+    got: list[Message] = []
+    with sidecar(1) as first, sidecar(2) as second, \
+            guard("sidecar-reader", q, "memory", tmp_path) as reader, \
+            GuardedConsumer(open_adapter(cluster.stomp_url(3)), q, got.append, reader,
+                            options=quorum_options()):
+        on_node_1, on_node_2 = StompClient(first.port), StompClient(second.port)
+        try:
+            headers = {**QUORUM, "_AMQ_DUPL_ID": "order-1"}
+            on_node_1.conn.send(f"/queue/{q}", "first", headers=headers, receipt="a")
+            wait_for(lambda: on_node_1.receipts == ["a"], 10, "the first receipt")
+            time.sleep(0.2)  # past confirm-flush-ms: the id is confirmed in Redis
+            on_node_2.conn.send(f"/queue/{q}", "again", headers=headers, receipt="b")
+            wait_for(lambda: on_node_2.receipts == ["b"], 10, "the duplicate's receipt")
+            wait_for(lambda: bool(got), 30, "the message on node 3")
+            time.sleep(0.5)  # the duplicate, had it been routed, would be here by now
+        finally:
+            on_node_1.conn.disconnect()
+            on_node_2.conn.disconnect()
+    assert [m.body for m in got] == [b"first"]
+    assert on_node_1.errors == on_node_2.errors == []
+    rejected = [e for e in events_of(tmp_path / "sidecar-2") if e["type"] == "duplicate_rejected"]
+    assert len(rejected) == 1
 
 
 class Failing:
@@ -263,18 +321,21 @@ def test_node_killed_mid_stream_loses_nothing_and_handles_nothing_twice(
                             reconnect_max_delay=1.0, reconnect_attempts=60)
 
     handler = Handler()
+    consumer_adapter, producer_adapter = adapter(), adapter()
     bodies = [f"m{i}".encode() for i in range(TOTAL)]
     retries = 0
     with guard("consumer", q, mqguard_redis_url, events) as consumer_guard, \
             guard("producer", q, mqguard_redis_url, events) as producer_guard, \
-            GuardedConsumer(adapter(), q, handler, consumer_guard,
-                            options=quorum_options()) as consumer, \
-            GuardedProducer(adapter(), producer_guard, producer_id="kill-p") as producer:
+            GuardedConsumer(consumer_adapter, q, handler, consumer_guard,
+                            options=quorum_options()), \
+            GuardedProducer(producer_adapter, producer_guard, producer_id="kill-p") as producer:
         assert cluster.rabbitmqctl(1, "list_queues", "name", "leader").count(
             f"{q}\t{cluster.nodename(1)}") == 1, "node 1 should lead the queue"
-        killer = threading.Thread(target=lambda: (
-            wait_for(lambda: handler.handled() >= KILL_AFTER, 60, "the first deliveries"),
-            cluster.kill_node(1)), daemon=True)
+        def kill_when_busy() -> None:
+            wait_for(lambda: handler.handled() >= KILL_AFTER, 60, "the first deliveries")
+            cluster.kill_node(1)
+
+        killer = threading.Thread(target=kill_when_busy, daemon=True)
         killer.start()
         began = time.monotonic()
         for i, body in enumerate(bodies):
@@ -296,7 +357,7 @@ def test_node_killed_mid_stream_loses_nothing_and_handles_nothing_twice(
         assert not cluster.node(1).is_running(), "node 1 was not killed mid-stream"
         wait_for(lambda: handler.handled() >= TOTAL, 120, "every message to be handled")
         time.sleep(1.0)  # redeliveries of lost acks arrive and are suppressed
-        assert consumer.adapter.sessions >= 2 and producer.adapter.sessions >= 2
+        assert consumer_adapter.sessions >= 2 and producer_adapter.sessions >= 2
         assert retries >= 1, "the kill did not interrupt the producer"
     assert set(handler.calls) == set(bodies), "lost messages"
     twice = {body: n for body, n in handler.calls.items() if n > 1}
