@@ -150,13 +150,32 @@ fn encode_py(
     version: Version,
     escaped: Option<bool>,
 ) -> PyResult<Py<PyBytes>> {
-    let (command, _) = str_of(command)?;
     let mut pairs = Vec::new();
-    for item in headers.try_iter()? {
-        pairs.push(header_pair(&item?)?);
+    if let Ok(list) = headers.cast::<PyList>() {
+        pairs.reserve(list.len());
+        for item in list.iter() {
+            pairs.push(header_pair(&item)?);
+        }
+    } else {
+        for item in headers.try_iter()? {
+            pairs.push(header_pair(&item?)?);
+        }
     }
+    encode_pairs(py, command, &pairs, body, version, escaped)
+}
+
+/// Encodes `(name, value)` pairs of Python objects.
+fn encode_pairs(
+    py: Python<'_>,
+    command: &Bound<'_, PyAny>,
+    pairs: &[(Bound<'_, PyAny>, Bound<'_, PyAny>)],
+    body: &[u8],
+    version: Version,
+    escaped: Option<bool>,
+) -> PyResult<Py<PyBytes>> {
+    let (command, _) = str_of(command)?;
     let mut texts = Vec::with_capacity(pairs.len());
-    for (name, value) in &pairs {
+    for (name, value) in pairs {
         texts.push((str_of(name)?, str_of(value)?));
     }
     let iter = texts.iter().map(|((name, name_lossy), (value, value_lossy))| {
@@ -635,8 +654,8 @@ fn encode_bodiless(py: Python<'_>, command: &Bound<'_, PyAny>, headers: &Bound<'
 /// `encode_bodiless(command, [(name, value)], version)`.
 #[pyfunction]
 fn encode_one_header(py: Python<'_>, command: &Bound<'_, PyAny>, name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, version: &Bound<'_, PyAny>) -> PyResult<Py<PyBytes>> {
-    let headers = PyList::new(py, [PyTuple::new(py, [name, value])?])?;
-    encode_py(py, command, headers.as_any(), b"", parse_version(version)?, None)
+    let pairs = [(name.clone(), value.clone())];
+    encode_pairs(py, command, &pairs, b"", parse_version(version)?, None)
 }
 
 /// Header by header encoding with the escaping given: what `encode` does once it
