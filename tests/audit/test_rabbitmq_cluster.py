@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,19 +284,27 @@ def test_a_killed_node_rejoins_on_its_old_ports_with_the_queue(
     assert cluster.node(3).pid in cluster.handle.extra_pids
 
 
-TOTAL, KILL_AFTER = 300, 100
+TOTAL, KILL_AT = 300, b"m100"
 
 
 class Handler:
-    """Counts every handler call per body; slow enough that the stream spans the kill."""
+    """Counts every handler call per body; slow enough that the stream spans the kill.
 
-    def __init__(self) -> None:
+    Handling ``KILL_AT`` the first time kills the node the consumer is connected to, so that
+    message's ack surely dies with the node: a redelivery the consumer audit must catch.
+    """
+
+    def __init__(self, kill: Callable[[], None]) -> None:
         self.calls: Counter[bytes] = Counter()
         self.lock = threading.Lock()
+        self.kill = kill
 
     def __call__(self, message: Message) -> None:
         with self.lock:
             self.calls[message.body] += 1
+            first = self.calls[message.body] == 1
+        if message.body == KILL_AT and first:
+            self.kill()
         time.sleep(0.002)
 
     def handled(self) -> int:
@@ -308,10 +317,10 @@ def test_node_killed_mid_stream_loses_nothing_and_handles_nothing_twice(
         spark: Any, mqguard_rabbitmq_cluster: RabbitMQCluster, mqguard_redis_url: str,
         tmp_path: Path, mqguard_unique_name: str) -> None:
     """Producer and consumer connect to node 1, which also leads the quorum queue (it was
-    declared there). Node 1 is SIGKILLed mid-stream; both clients fail over (the adapter's
-    ``failover`` URLs) to nodes 2 and 3, the producer re-sends what it could not confirm
-    (same message, same duplicate id), and the consumer's guard suppresses the redeliveries
-    of what it had handled but could not ack."""
+    declared there). Node 1 is SIGKILLed mid-stream, from inside the handler of message 100;
+    both clients fail over (the adapter's ``failover`` URLs) to nodes 2 and 3, the producer
+    re-sends what it could not confirm (same message, same duplicate id), and the consumer's
+    guard suppresses the redeliveries of what it had handled but could not ack."""
     cluster, q = mqguard_rabbitmq_cluster, mqguard_unique_name
     events = tmp_path / "events"
     urls = [cluster.stomp_url(i) for i in (1, 2, 3)]
@@ -320,7 +329,7 @@ def test_node_killed_mid_stream_loses_nothing_and_handles_nothing_twice(
         return open_adapter(urls[0], failover=urls[1:], reconnect_delay=0.1,
                             reconnect_max_delay=1.0, reconnect_attempts=60)
 
-    handler = Handler()
+    handler = Handler(lambda: cluster.kill_node(1))
     consumer_adapter, producer_adapter = adapter(), adapter()
     bodies = [f"m{i}".encode() for i in range(TOTAL)]
     retries = 0
@@ -331,12 +340,6 @@ def test_node_killed_mid_stream_loses_nothing_and_handles_nothing_twice(
             GuardedProducer(producer_adapter, producer_guard, producer_id="kill-p") as producer:
         assert cluster.rabbitmqctl(1, "list_queues", "name", "leader").count(
             f"{q}\t{cluster.nodename(1)}") == 1, "node 1 should lead the queue"
-        def kill_when_busy() -> None:
-            wait_for(lambda: handler.handled() >= KILL_AFTER, 60, "the first deliveries")
-            cluster.kill_node(1)
-
-        killer = threading.Thread(target=kill_when_busy, daemon=True)
-        killer.start()
         began = time.monotonic()
         for i, body in enumerate(bodies):
             message = producer.message(q, body, headers=QUORUM, duplicate_id=f"d{i}")
@@ -353,7 +356,6 @@ def test_node_killed_mid_stream_loses_nothing_and_handles_nothing_twice(
                     retries += 1
                     time.sleep(0.1)
             time.sleep(0.005)  # paced: the kill lands while both clients are busy
-        killer.join(70)
         assert not cluster.node(1).is_running(), "node 1 was not killed mid-stream"
         wait_for(lambda: handler.handled() >= TOTAL, 120, "every message to be handled")
         time.sleep(1.0)  # redeliveries of lost acks arrive and are suppressed
@@ -381,5 +383,7 @@ def test_node_killed_mid_stream_loses_nothing_and_handles_nothing_twice(
     assert summary["addresses"][q]["with_fate"] == TOTAL
     kinds = Counter(e["type"] for node in ("consumer", "producer")
                     for e in events_of(events / node))
+    # Message 100's ack died with node 1: its redelivery reached the guard, not the handler.
+    assert kinds["duplicate_delivery_suppressed"] >= 1, kinds
     print(f"\nkill mid-stream: {retries} send retries, {dict(kinds)}, "
           f"stream {stream_s:.1f} s, audit {time.monotonic() - audit_began:.1f} s")
