@@ -406,6 +406,23 @@ impl PyFrame {
         })
     }
 
+    /// Copies and pickles as `Frame(command, headers, body, wire)`.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let wire = this.wire.as_ref().map_or_else(|| py.None(), |w| w.clone_ref(py));
+        let args = PyTuple::new(
+            py,
+            [
+                this.command.clone_ref(py).into_any(),
+                this.headers.clone_ref(py).into_any(),
+                this.body.clone_ref(py),
+                wire,
+            ],
+        )?;
+        PyTuple::new(py, [slf.get_type().into_any(), args.into_any()])
+    }
+
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
             "Frame(command={}, headers={}, body={})",
@@ -455,6 +472,15 @@ impl PyOversized {
             CompareOp::Ne => (!equal).into_pyobject(py)?.to_owned().into_any().unbind(),
             _ => py.NotImplemented(),
         })
+    }
+
+    /// Copies and pickles as `Oversized(frame, reason, detail, body_kept)`.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let args = (this.frame.clone_ref(py), this.reason.clone(), this.detail.clone(), this.body_kept)
+            .into_pyobject(py)?;
+        PyTuple::new(py, [slf.get_type().into_any(), args.into_any()])
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
