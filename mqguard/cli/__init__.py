@@ -12,9 +12,12 @@ from mqguard import __version__
 from mqguard.cli.audit import audit
 from mqguard.cli.bench import bench
 from mqguard.cli.config_cmd import config
+from mqguard.cli.conformance import conformance
 from mqguard.cli.dedup import dedup
 from mqguard.cli.demo import demo
+from mqguard.cli.dlq import dlq
 from mqguard.cli.docs import docs
+from mqguard.cli.doctor import doctor
 from mqguard.cli.reap import reap
 from mqguard.cli.redistribute import redistribute
 from mqguard.cli.sidecar import sidecar
@@ -40,8 +43,11 @@ main.add_command(demo)
 main.add_command(audit)
 main.add_command(bench)
 main.add_command(config)
+main.add_command(conformance)
 main.add_command(dedup)
+main.add_command(dlq)
 main.add_command(docs)
+main.add_command(doctor)
 main.add_command(reap)
 main.add_command(redistribute)
 main.add_command(sidecar)
