@@ -40,11 +40,18 @@ pub struct Events {
 
 impl Events {
     pub fn new(wake: UnixStream) -> Self {
-        Events { queue: Mutex::new(Vec::new()), pending: AtomicBool::new(false), wake }
+        Events {
+            queue: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+            wake,
+        }
     }
 
     pub fn push(&self, event: Event) {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(event);
         if !self.pending.swap(true, Ordering::AcqRel) {
             // Non-blocking: a full pair means a wake-up is already on its way.
             let _ = (&self.wake).write(&[1]);

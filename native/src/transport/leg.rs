@@ -125,10 +125,15 @@ impl Shared {
     /// Queue `data`; over the high-water mark, the coupled leg stops reading.
     pub fn write(&self, data: Vec<u8>) {
         let size = data.len();
-        if size == 0 || self.tx.send(Cmd::Data(data)).is_err() {
+        if size == 0 {
+            return;
+        }
+        // Counted before the writer can see it: its subtraction must never come first.
+        let queued = self.queued.fetch_add(size, Ordering::AcqRel) + size;
+        if self.tx.send(Cmd::Data(data)).is_err() {
+            self.queued.fetch_sub(size, Ordering::AcqRel);
             return; // the leg is gone: nothing more reaches its peer
         }
-        let queued = self.queued.fetch_add(size, Ordering::AcqRel) + size;
         if queued > HIGH_WATER && !self.holding_peer.swap(true, Ordering::AcqRel) {
             if let Some(peer) = self.peer() {
                 peer.set_pause(PEER, true);
@@ -190,7 +195,8 @@ impl Shared {
     /// Drop the connection now; `reset`: with an RST (SO_LINGER 0), discarding what
     /// the kernel still holds for a peer that does not read.
     pub fn end_now(&self, reset: bool) {
-        self.end.fetch_max(if reset { END_RESET } else { END_ABORT }, Ordering::AcqRel);
+        self.end
+            .fetch_max(if reset { END_RESET } else { END_ABORT }, Ordering::AcqRel);
         self.end_now.notify_one();
     }
 }
@@ -275,7 +281,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 /// the RECEIPT, which Linux delays by 40 ms unless quick-ack mode is on.
 pub fn quick_ack_of<S: Io>(io: &S) -> Option<socket2::Socket> {
     use std::os::fd::AsFd;
-    io.tcp().as_fd().try_clone_to_owned().ok().map(socket2::Socket::from)
+    io.tcp()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .map(socket2::Socket::from)
 }
 
 /// Serve one leg until it closes, then report how (`Event::Closed`).

@@ -44,9 +44,16 @@ struct Decoding {
 impl Decoding {
     fn decoder(&self) -> PyResult<Decoder> {
         let (max_frame_bytes, max_header_count, max_header_line_bytes, max_command) = self.limits;
-        let limits = Limits { max_frame_bytes, max_header_count, max_header_line_bytes };
-        let commands: &[&str] =
-            if self.server { &stomp::SERVER_COMMANDS } else { &stomp::CLIENT_COMMANDS };
+        let limits = Limits {
+            max_frame_bytes,
+            max_header_count,
+            max_header_line_bytes,
+        };
+        let commands: &[&str] = if self.server {
+            &stomp::SERVER_COMMANDS
+        } else {
+            &stomp::CLIENT_COMMANDS
+        };
         let mut decoder = Decoder::with_commands(limits, commands, max_command, Version::V12)
             .map_err(PyValueError::new_err)?;
         decoder.set_keep_wire(self.keep_wire);
@@ -73,14 +80,21 @@ struct Inner {
 
 impl Inner {
     fn leg(&self, id: u64) -> Option<Arc<Shared>> {
-        self.legs.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
+        self.legs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
     }
 
     fn new_leg(&self, decoder: Decoder) -> (Arc<Shared>, mpsc::UnboundedReceiver<leg::Cmd>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Shared::new(id, tx, decoder);
-        self.legs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, shared.clone());
+        self.legs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, shared.clone());
         (shared, rx)
     }
 
@@ -91,7 +105,11 @@ impl Inner {
         rx: mpsc::UnboundedReceiver<leg::Cmd>,
         quick_ack: bool,
     ) {
-        let quick_ack = if quick_ack { leg::quick_ack_of(&io) } else { None };
+        let quick_ack = if quick_ack {
+            leg::quick_ack_of(&io)
+        } else {
+            None
+        };
         tokio::spawn(leg::run(io, shared, rx, self.events.clone(), quick_ack));
     }
 }
@@ -178,7 +196,11 @@ impl Plane {
                 tls::server_config(&cert, &key).map_err(PyValueError::new_err)?,
             )),
             (None, None) => None,
-            _ => return Err(PyValueError::new_err("TLS needs both a certificate and a key")),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "TLS needs both a certificate and a key",
+                ))
+            }
         };
         let setup = Arc::new(Listening {
             tls,
@@ -186,11 +208,18 @@ impl Plane {
             setting_up: Arc::new(AtomicUsize::new(0)),
             handshake_timeout: Duration::from_millis(handshake_timeout_ms),
             refusal,
-            decoding: Decoding { limits, server: false, keep_wire: false },
+            decoding: Decoding {
+                limits,
+                server: false,
+                keep_wire: false,
+            },
             gate: Arc::new(Semaphore::new(1)),
         });
         if setup.tls.is_none() {
-            self.gates.lock().unwrap_or_else(|e| e.into_inner()).push(setup.gate.clone());
+            self.gates
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(setup.gate.clone());
         }
         setup.decoding.decoder()?; // invalid limits: an error now, not at each accept
         let handle = self.handle()?;
@@ -202,7 +231,11 @@ impl Plane {
                 .parse()
                 .map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
             let addr = SocketAddr::new(ip, port);
-            let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
             socket.set_reuseaddr(true)?;
             if addr.is_ipv6() {
                 socket2::SockRef::from(&socket).set_only_v6(true)?;
@@ -230,7 +263,12 @@ impl Plane {
 
     /// Stop accepting (listening sockets closed); legs are not touched.
     fn close_listeners(&self) {
-        for task in self.listeners.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for task in self
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             task.abort();
         }
     }
@@ -238,8 +276,13 @@ impl Plane {
     /// How the upstream leg does TLS: trust `cafile`'s CAs, or any certificate.
     #[pyo3(signature = (cafile = None, insecure = false))]
     fn upstream_tls(&self, cafile: Option<String>, insecure: bool) -> PyResult<()> {
-        let config = tls::client_config(cafile.as_deref(), insecure).map_err(PyValueError::new_err)?;
-        *self.inner.upstream_tls.lock().unwrap_or_else(|e| e.into_inner()) = Some(config);
+        let config =
+            tls::client_config(cafile.as_deref(), insecure).map_err(PyValueError::new_err)?;
+        *self
+            .inner
+            .upstream_tls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(config);
         Ok(())
     }
 
@@ -255,12 +298,22 @@ impl Plane {
         quick_ack: bool,
     ) -> PyResult<u64> {
         let config = if tls {
-            let config = self.inner.upstream_tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let config = self
+                .inner
+                .upstream_tls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
             Some(config.ok_or_else(|| PyRuntimeError::new_err("upstream TLS not configured"))?)
         } else {
             None
         };
-        let decoder = Decoding { limits, server: true, keep_wire: true }.decoder()?;
+        let decoder = Decoding {
+            limits,
+            server: true,
+            keep_wire: true,
+        }
+        .decoder()?;
         let (shared, rx) = self.inner.new_leg(decoder);
         let id = shared.id;
         let inner = self.inner.clone();
@@ -275,8 +328,14 @@ impl Plane {
                     inner.start(*stream, shared, rx, quick_ack);
                 }
                 Err((errno, text, tls_error)) => {
-                    inner.legs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-                    inner.events.push(Event::ConnectFailed(id, errno, text, tls_error));
+                    inner
+                        .legs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&id);
+                    inner
+                        .events
+                        .push(Event::ConnectFailed(id, errno, text, tls_error));
                 }
             }
         });
@@ -309,6 +368,18 @@ impl Plane {
     /// Octets queued on the leg and not written yet.
     fn queued(&self, leg: u64) -> usize {
         self.inner.leg(leg).map_or(0, |shared| shared.queued())
+    }
+
+    /// Octets queued on every leg and not written yet (what the runtime holds for
+    /// peers that read slower than the other side writes).
+    fn queued_total(&self) -> usize {
+        self.inner
+            .legs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|l| l.queued())
+            .sum()
     }
 
     /// Pause (true) or resume (false) reading, on Python's behalf.
@@ -367,18 +438,29 @@ impl Plane {
                         list.append(stomp::item_into_py(py, item)?)?;
                     }
                     match error {
-                        None => (ITEMS, id, list.into_any(), size.into_pyobject(py)?.into_any()),
+                        None => (
+                            ITEMS,
+                            id,
+                            list.into_any(),
+                            size.into_pyobject(py)?.into_any(),
+                        ),
                         Some(error) => (
                             MALFORMED,
                             id,
                             list.into_any(),
-                            (size, error.reason, error.detail).into_pyobject(py)?.into_any(),
+                            (size, error.reason, error.detail)
+                                .into_pyobject(py)?
+                                .into_any(),
                         ),
                     }
                 }
                 Event::Eof(id) => (EOF, id, py.None().into_bound(py), py.None().into_bound(py)),
                 Event::Closed(id, error) => {
-                    self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    self.inner
+                        .legs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&id);
                     match error {
                         Some((errno, text)) => (
                             CLOSED,
@@ -386,7 +468,12 @@ impl Plane {
                             errno.into_pyobject(py)?.into_any(),
                             text.into_pyobject(py)?.into_any(),
                         ),
-                        None => (CLOSED, id, py.None().into_bound(py), py.None().into_bound(py)),
+                        None => (
+                            CLOSED,
+                            id,
+                            py.None().into_bound(py),
+                            py.None().into_bound(py),
+                        ),
                     }
                 }
                 Event::Accepted(id, host, port) => (
@@ -395,9 +482,12 @@ impl Plane {
                     host.into_pyobject(py)?.into_any(),
                     port.into_pyobject(py)?.into_any(),
                 ),
-                Event::Connected(id) => {
-                    (CONNECTED, id, py.None().into_bound(py), py.None().into_bound(py))
-                }
+                Event::Connected(id) => (
+                    CONNECTED,
+                    id,
+                    py.None().into_bound(py),
+                    py.None().into_bound(py),
+                ),
                 Event::ConnectFailed(id, errno, text, tls_error) => (
                     CONNECT_FAILED,
                     id,
@@ -411,19 +501,26 @@ impl Plane {
                     py.None().into_bound(py),
                 ),
             };
-            out.append(PyTuple::new(py, [
-                item.0.into_pyobject(py)?.into_any(),
-                item.1.into_pyobject(py)?.into_any(),
-                item.2,
-                item.3,
-            ])?)?;
+            out.append(PyTuple::new(
+                py,
+                [
+                    item.0.into_pyobject(py)?.into_any(),
+                    item.1.into_pyobject(py)?.into_any(),
+                    item.2,
+                    item.3,
+                ],
+            )?)?;
         }
         Ok(out)
     }
 
     /// Legs open now (connections being set up included).
     fn leg_count(&self) -> usize {
-        self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.inner
+            .legs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// Stop the runtime: every leg still open is dropped (after `timeout_ms` at most for
@@ -431,11 +528,19 @@ impl Plane {
     #[pyo3(signature = (timeout_ms = 1000))]
     fn shutdown(&self, py: Python<'_>, timeout_ms: u64) {
         self.close_listeners();
-        let runtime = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(runtime) = runtime {
             py.detach(|| runtime.shutdown_timeout(Duration::from_millis(timeout_ms)));
         }
-        self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.inner
+            .legs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 
@@ -475,11 +580,17 @@ async fn open_upstream(
     let os_error = |e: std::io::Error| (e.raw_os_error().unwrap_or(0), e.to_string(), false);
     let tcp = TcpStream::connect((host, port)).await.map_err(os_error)?;
     let _ = tcp.set_nodelay(true);
-    let Some(config) = tls else { return Ok(Upstream::Plain(tcp)) };
+    let Some(config) = tls else {
+        return Ok(Upstream::Plain(tcp));
+    };
     let name = tls::server_name(host).map_err(|text| (0, text, true))?;
     match TlsConnector::from(config).connect(name, tcp).await {
         Ok(stream) => Ok(Upstream::Tls(Box::new(stream))),
-        Err(e) => Err((e.raw_os_error().unwrap_or(0), e.to_string(), e.raw_os_error().is_none())),
+        Err(e) => Err((
+            e.raw_os_error().unwrap_or(0),
+            e.to_string(),
+            e.raw_os_error().is_none(),
+        )),
     }
 }
 
@@ -526,7 +637,11 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                 continue;
             };
             let (shared, rx) = inner.new_leg(decoder);
-            inner.events.push(Event::Accepted(shared.id, peer.ip().to_string(), peer.port()));
+            inner.events.push(Event::Accepted(
+                shared.id,
+                peer.ip().to_string(),
+                peer.port(),
+            ));
             inner.start(tcp, shared, rx, false);
             continue;
         };
@@ -544,7 +659,11 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
             setup.setting_up.fetch_sub(1, Ordering::AcqRel);
             if let (Ok(Ok(stream)), Ok(decoder)) = (done, setup.decoding.decoder()) {
                 let (shared, rx) = inner.new_leg(decoder);
-                inner.events.push(Event::Accepted(shared.id, peer.ip().to_string(), peer.port()));
+                inner.events.push(Event::Accepted(
+                    shared.id,
+                    peer.ip().to_string(),
+                    peer.port(),
+                ));
                 inner.start(stream, shared, rx, false);
             }
         });

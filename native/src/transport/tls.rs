@@ -4,10 +4,10 @@ use std::fs::File;
 use std::io::BufReader;
 use std::sync::Arc;
 
-use tokio_rustls::rustls::client::WebPkiServerVerifier;
 use tokio_rustls::rustls::client::danger::{
     HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
 };
+use tokio_rustls::rustls::client::WebPkiServerVerifier;
 use tokio_rustls::rustls::crypto::{ring, CryptoProvider};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio_rustls::rustls::{
@@ -111,11 +111,16 @@ impl ServerCertVerifier for TrustedOrPinned {
             Ok(verified) => return Ok(verified),
             Err(error) => error,
         };
-        if !self.pinned.iter().any(|cert| cert.as_ref() == end_entity.as_ref()) {
+        if !self
+            .pinned
+            .iter()
+            .any(|cert| cert.as_ref() == end_entity.as_ref())
+        {
             return Err(refused);
         }
         let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| refused.clone())?;
-        cert.verify_is_valid_for_subject_name(server_name).map_err(|_| refused)?;
+        cert.verify_is_valid_for_subject_name(server_name)
+            .map_err(|_| refused)?;
         Ok(ServerCertVerified::assertion())
     }
 
