@@ -19,8 +19,8 @@ before their epmd.  :class:`RabbitMQCluster` adds what a test needs: a node's ha
 one node (:meth:`RabbitMQCluster.kill_node`) and start it again on the same ports
 (:meth:`RabbitMQCluster.restart_node`), ``rabbitmqctl`` against any node.
 
-Cost (measured on a 2-core machine): about 35-45 s for a fresh cluster, most of it the three
-boots; a node restarted after SIGKILL is back in the cluster in ~5-8 s.
+A fresh cluster takes tens of seconds (three boots, two joins), a restarted node a few: the
+measured figures are in docs/rabbitmq-cluster.md.
 """
 
 from __future__ import annotations
