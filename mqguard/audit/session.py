@@ -35,10 +35,18 @@ from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
 APP_NAME = "mqguard-audit"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
 def is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
+
+
+def is_loopback_cluster(master: str) -> bool:
+    """A standalone master on this machine's loopback (``spark://127.0.0.1:PORT``): its
+    executors run here, so they reach the driver on loopback and run this interpreter."""
+    hosts = master.removeprefix("spark://").split(",") if master.startswith("spark://") else []
+    return bool(hosts) and all(h.rsplit(":", 1)[0] in LOOPBACK_HOSTS for h in hosts)
 
 
 def local_cores(master: str) -> int:
@@ -77,8 +85,14 @@ def session_conf(master: str = DEFAULT_MASTER, *, shuffle_partitions: int | None
         })
         if driver_memory:
             conf["spark.driver.memory"] = driver_memory
-    elif shuffle_partitions:
-        conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    else:
+        if is_loopback_cluster(master):
+            # The executors connect back to the driver: the machine's name may resolve to
+            # an address the cluster's loopback ports are not reachable from.
+            conf.update({"spark.driver.host": "127.0.0.1",
+                         "spark.driver.bindAddress": "127.0.0.1"})
+        if shuffle_partitions:
+            conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     conf.update(extra or {})
     if class_archive and is_local(master):
         from mqguard.audit import class_archive as archive
@@ -130,10 +144,14 @@ def build_session(master: str = DEFAULT_MASTER, *, shuffle_partitions: int | Non
     settings = session_conf(master, shuffle_partitions=shuffle_partitions,
                             driver_memory=driver_memory, extra=conf,
                             class_archive=class_archive)
-    if is_local(master):
+    if is_local(master) or is_loopback_cluster(master):
         # Read by Spark's launcher scripts before any conf: avoids the "hostname
         # resolves to a loopback address" lookup and warning.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if is_loopback_cluster(master):
+        # The executors' Python tasks (the Redis readers, broker-log parsers) start the
+        # interpreter PySpark names; "python3" on PATH may lack mqguard and pyspark.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
