@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,11 +64,18 @@ class AuditOptions:
     cross: CrossInputs = field(default_factory=CrossInputs)
     #: Write ``out/report.html`` (charts need matplotlib, in the ``spark`` extra).
     html: bool = True
+    #: Per address, the latest send time of a message with a fate in events audited
+    #: before (``--state``, :mod:`mqguard.audit.incremental`): evidence for the *unseen*
+    #: rule that these inputs no longer hold.
+    drained_floor: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class AuditResult:
     summary: dict[str, Any]
+    #: Per address, the latest send time of a message with a fate (``drained_floor``
+    #: included): what an incremental audit carries to the next run.
+    drained: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def anomalies(self) -> int:
@@ -159,6 +166,9 @@ def run_audit(spark: SparkSession, options: AuditOptions,
         limits = resolve_limits(options.config, addresses,
                                 max_delivery_attempts=options.max_delivery_attempts)
         drained = {s["address"]: s["drained_to"] for s in stats if s["address"] is not None}
+        for address, floor in options.drained_floor.items():
+            seen = drained.get(address)
+            drained[address] = floor if seen is None else max(seen, floor)
         if options.html:
             progress("charting")
             if facts is None:
@@ -214,4 +224,4 @@ def run_audit(spark: SparkSession, options: AuditOptions,
         examples = report.first_findings(read_findings(spark, path), options.examples)
         summary["report"] = report.write_report(summary, charts, examples, options.out)
     write_summary(summary, options.out)
-    return AuditResult(summary)
+    return AuditResult(summary, {a: int(t) for a, t in drained.items() if t is not None})

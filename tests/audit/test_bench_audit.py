@@ -93,3 +93,22 @@ def test_duckdb_mirror_pairs_by_fields_and_by_writing_order_alike(tmp_path: Path
         assert found[legacy] == planted
         con.close()
     assert found[False] == found[True]
+
+
+def test_bench_audit_incremental_finds_every_planted_finding(spark: Any, tmp_path: Path) -> None:
+    """``--incremental M``: the history audited with a state, then the new segments; the
+    incremental findings are the planted ones, and both timings are reported."""
+    path = tmp_path / "bench.json"
+    result = CliRunner().invoke(bench, ["audit", "--events", "20000", "--incremental", "10000",
+                                        "--segment-bytes", "262144", "--dir", str(tmp_path),
+                                        "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(path.read_text())
+    assert figures["benchmark"] == "audit-incremental"
+    assert figures["segments_before"] > 0 and figures["segments_new"] > 0
+    assert figures["events_before"] + figures["events_new"] == 30000
+    assert figures["found"] == figures["planted"] > 0 and figures["false_positives"] == 0
+    assert figures["incremental_s"] > 0 and figures["fresh_s"] > 0
+    assert figures["incremental_ratio"] == pytest.approx(
+        figures["incremental_s"] / figures["fresh_s"], rel=0.01)
+    assert not list(tmp_path.glob("mqguard-bench-incremental-*"))

@@ -1,0 +1,387 @@
+"""``mqguard audit --state DIR``: audit only what was written since the last audit.
+
+The state directory remembers:
+
+- ``state.json``: every event file already audited, in the order they were audited,
+  with its size, modification time and SHA-256 of its first and last 64 KiB (a file
+  rewritten since is noticed and the state refused: the findings it holds would no
+  longer be the file's); the watermark, the last event time, the settings the
+  findings were judged with, and per address the latest send time of a message with a
+  fate (the *unseen* rule's evidence, ``drained``);
+- ``open/``: the events (Parquet, in writing order) of every message still open at
+  the watermark: without a terminal fate (acked, dead-lettered, expired, dropped), or
+  with an event after the watermark;
+- ``open_keys/``: their ids (a carried event may also name a closed message: the
+  closed original of a copy still open, which rides along unjudged);
+- ``closed/``: the ids of the messages closed so far, and ``findings/`` their
+  findings, which no later watermark changes: only a message's own events decide
+  them once it has a fate.
+
+A run reads the new files plus ``open/``: the audit proper
+(:func:`mqguard.audit.runner.run_audit`) sees every event of every message it judges,
+the open ones carried over and the new ones. A new event of a message closed
+earlier (a redelivery after its acknowledgement, say) reopens it: its events are
+read again from the audited files (the only case that reads them again), so a
+duplicate is judged as a full audit would judge it. The findings written are those
+of the closed messages kept in the state plus this run's, equal to a full audit's
+over the same files.
+
+Only rotated segments (``.parquet``, ``.jsonl.gz``) are consumed: the live
+``.jsonl`` file is still being written, and its events come back in its next rotated
+segment; it is left for the run after its rotation (counted in the summary).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from mqguard.audit.checks import TERMINAL
+from mqguard.audit.events import (
+    AUDIT_FIELDS,
+    AuditInputError,
+    expand_inputs,
+    load_event_inputs,
+    valid_event,
+)
+from mqguard.audit.runner import AuditOptions, AuditResult, run_audit
+from mqguard.audit.summary import class_counts, read_findings, write_summary
+
+__all__ = ["STATE_VERSION", "FileMark", "StateError", "mark_file", "run_incremental"]
+
+STATE_VERSION = 1
+STATE_FILE = "state.json"
+#: Bytes hashed at each end of a file: a rewrite changes its size, time or one end.
+HASHED_BYTES = 64 * 1024
+_ROTATED = (".parquet", ".jsonl.gz")
+
+
+class StateError(AuditInputError):
+    """The state directory does not fit the inputs or settings (a usage error: exit 2)."""
+
+
+@dataclass(frozen=True)
+class FileMark:
+    """What identifies an audited file's content without reading all of it."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    head: str
+    tail: str
+
+
+def mark_file(path: str) -> FileMark:
+    stat = os.stat(path)
+    with open(path, "rb") as handle:
+        head = hashlib.sha256(handle.read(HASHED_BYTES)).hexdigest()
+        handle.seek(max(0, stat.st_size - HASHED_BYTES))
+        tail = hashlib.sha256(handle.read(HASHED_BYTES)).hexdigest()
+    return FileMark(path, stat.st_size, stat.st_mtime_ns, head, tail)
+
+
+def _settings(options: AuditOptions) -> dict[str, Any]:
+    return {"config": options.config.source,
+            "max_delivery_attempts": options.max_delivery_attempts,
+            "expiry_tolerance_ms": options.checks.expiry_tolerance_ms,
+            "assume_drained": options.checks.assume_drained}
+
+
+def _load_state(directory: str) -> dict[str, Any] | None:
+    path = os.path.join(directory, STATE_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state: dict[str, Any] = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise StateError(f"--state {directory}: {STATE_FILE} is unreadable ({exc}); "
+                         "remove the directory to audit from scratch") from None
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"--state {directory}: state version {state.get('version')!r}, "
+                         f"this mqguard writes {STATE_VERSION}; remove the directory to "
+                         "audit from scratch")
+    return state
+
+
+def _check_recorded(directory: str, state: Mapping[str, Any], settings: Mapping[str, Any],
+                    watermark: int | None) -> list[str]:
+    """The recorded files, each checked against its mark; raises :class:`StateError`."""
+    if state["settings"] != settings:
+        raise StateError(f"--state {directory} holds findings judged with other settings "
+                         f"({state['settings']}, now {dict(settings)}); use another state "
+                         "directory or remove this one")
+    if watermark is not None and watermark < state["watermark"]:
+        raise StateError(f"--watermark {watermark} is before the state's ({state['watermark']}): "
+                         f"{directory} closed messages on a later one")
+    recorded = []
+    for entry in state["files"]:
+        mark = FileMark(**entry)
+        if not os.path.exists(mark.path):
+            raise StateError(f"{mark.path} was audited (recorded in --state {directory}) and "
+                             "is gone; remove the state directory to audit from scratch")
+        if mark_file(mark.path) != mark:
+            raise StateError(f"{mark.path} changed since it was audited (size, time or "
+                             f"content; recorded in --state {directory}): remove the state "
+                             "directory to audit from scratch")
+        recorded.append(mark.path)
+    return recorded
+
+
+def _with_keys(events: DataFrame) -> DataFrame:
+    """One row per (event, message it belongs to): its own id and a copy's id."""
+    return events.withColumn("key", F.explode(F.array_distinct(F.array_compact(
+        F.array("message_id", "new_message_id")))))
+
+
+def _ranked(spark: SparkSession, files: Sequence[str], first_rank: int) -> DataFrame:
+    """The events of ``files`` with their global writing order (``g_rank``, ``g_row``)."""
+    frame = load_event_inputs(spark, list(files)).frame.filter(valid_event())
+    return frame.select(*AUDIT_FIELDS, (F.col("file_rank") + first_rank).alias("g_rank"),
+                        F.col("row").alias("g_row"))
+
+
+def _last_ts(events: DataFrame) -> int | None:
+    row = events.agg(F.max("ts").alias("last")).collect()[0]
+    return None if row["last"] is None else int(row["last"])
+
+
+def _write_one_file(frame: DataFrame, directory: str) -> str | None:
+    """``frame`` as one Parquet file in writing order; its path (None when empty)."""
+    (frame.repartition(1).sortWithinPartitions("g_rank", "g_row")
+     .write.mode("overwrite").parquet(directory))
+    parts = sorted(n for n in os.listdir(directory) if n.endswith(".parquet"))
+    for name in parts:
+        if os.path.getsize(os.path.join(directory, name)) and _has_rows(directory, name):
+            return os.path.join(directory, name)
+    return None
+
+
+def _has_rows(directory: str, name: str) -> bool:
+    import pyarrow.parquet as pq
+
+    return bool(pq.ParquetFile(os.path.join(directory, name)).metadata.num_rows)
+
+
+def _replace(source: str, target: str) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(source, target)
+
+
+def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
+                    progress: Callable[[str], None] = lambda stage: None) -> AuditResult:
+    """Audit the files of ``options.inputs`` not audited before, with the state in
+    ``state_dir`` (created on the first run); see the module doc.
+
+    Raises :class:`StateError` when the state does not fit (a recorded file changed
+    or vanished, other settings, an earlier watermark) and
+    :class:`~mqguard.audit.events.AuditInputError` for inputs that name nothing.
+    """
+    if options.cross.wanted:
+        raise StateError("--state audits the event log only: --redis and --broker-log "
+                         "judge a moment's state, which an incremental run cannot carry")
+    files = expand_inputs(options.inputs)
+    settings = _settings(options)
+    os.makedirs(state_dir, exist_ok=True)
+    state = _load_state(state_dir)
+    recorded = (_check_recorded(state_dir, state, settings, options.watermark)
+                if state else [])
+    known = set(recorded)
+    live = [f for f in files if not f.endswith(_ROTATED)]
+    new = [f for f in files if f.endswith(_ROTATED) and f not in known]
+    # Marked before reading: a file rewritten while this run reads it is caught next time.
+    marks = [mark_file(f) for f in new]
+    open_dir = os.path.join(state_dir, "open")
+    closed_dir = os.path.join(state_dir, "closed")
+    kept_dir = os.path.join(state_dir, "findings")
+    open_keys_dir = os.path.join(state_dir, "open_keys")
+    work = tempfile.mkdtemp(prefix=".incremental-", dir=state_dir)
+    cached: list[DataFrame] = []
+    try:
+        progress(f"{len(new)} new file(s), {len(recorded)} audited before")
+        fresh = (_ranked(spark, new, len(recorded)) if new else None)
+        if fresh is not None:
+            fresh = fresh.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(fresh)
+        carried = (spark.read.parquet(open_dir) if state and os.path.isdir(open_dir)
+                   and state.get("open_events") else None)
+        last_ts = max([t for t in (state["last_ts"] if state else None,
+                                   _last_ts(fresh) if fresh is not None else None)
+                       if t is not None], default=None)
+        if options.watermark is not None:
+            watermark, source = options.watermark, "given"
+        elif last_ts is not None:
+            watermark, source = last_ts - options.grace_ms, f"last event - {options.grace_ms} ms"
+        else:
+            watermark, source = 0, "no events"
+        if state is not None:
+            watermark = max(watermark, int(state["watermark"]))
+
+        # Messages closed earlier that the new events touch are read again.
+        reopened = 0
+        prior = [carried.select(*AUDIT_FIELDS, "g_rank", "g_row")] if carried is not None else []
+        if fresh is not None and state and os.path.isdir(closed_dir):
+            closed = spark.read.parquet(closed_dir)
+            touched = (_with_keys(fresh).select("key").distinct()
+                       .join(closed, "key", "left_semi"))
+            touched = touched.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(touched)
+            reopened = touched.count()
+            if reopened:
+                progress(f"{reopened} closed message(s) have new events: reading their "
+                         "events again")
+                again = (_with_keys(_ranked(spark, recorded, 0))
+                         .join(F.broadcast(touched), "key", "left_semi").drop("key"))
+                prior.append(again)
+        prior_file = None
+        if prior:
+            union = prior[0] if len(prior) == 1 else prior[0].unionByName(prior[1])
+            prior_file = _write_one_file(union.dropDuplicates(["g_rank", "g_row"]),
+                                         os.path.join(work, "prior"))
+        inputs = ([prior_file] if prior_file else []) + new
+        if not inputs:
+            if state is None:
+                raise StateError(f"no rotated segment to audit yet: --state consumes rotated "
+                                 f"segments only ({len(live)} live file(s) wait for their "
+                                 "rotation)")
+            progress("nothing new since the last audit")
+            return _unchanged(spark, state_dir, options, live)
+
+        drained = {a: int(t) for a, t in (state or {}).get("drained", {}).items()}
+        progress(f"auditing {len(inputs)} file(s)")
+        result = run_audit(spark, AuditOptions(
+            inputs=inputs, out=options.out, config=options.config, watermark=watermark,
+            grace_ms=options.grace_ms, max_delivery_attempts=options.max_delivery_attempts,
+            checks=options.checks, examples=options.examples, html=False,
+            drained_floor=drained), progress)
+
+        progress("recording what stays open")
+        events = [fresh] if fresh is not None else []
+        if prior_file:
+            events.append(spark.read.parquet(prior_file))
+        audited = (events[0] if len(events) == 1 else events[0].unionByName(events[1])
+                   ).select(*AUDIT_FIELDS, "g_rank", "g_row")
+        keyed = _with_keys(audited)
+        # Judged here: the messages open before and every message of a new event. Another
+        # id on a carried event (the closed original of a copy still open) only rides
+        # along: its findings and its closed state stay as they were.
+        judged_parts = []
+        if fresh is not None:
+            judged_parts.append(_with_keys(fresh).select("key"))
+        if state and os.path.isdir(open_keys_dir):
+            judged_parts.append(spark.read.parquet(open_keys_dir))
+        judged = (judged_parts[0] if len(judged_parts) == 1
+                  else judged_parts[0].unionByName(judged_parts[1])).distinct()
+        terminal = F.col("type").isin([str(t) for t in TERMINAL])
+        per_key = (keyed.join(judged, "key", "left_semi").groupBy("key").agg(
+            F.max("ts").alias("max_ts"), F.max(terminal.cast("int")).alias("terminal"))
+            .withColumn("open", ~((F.col("terminal") == 1)
+                                  & (F.col("max_ts") <= F.lit(watermark)))))
+        per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(per_key)
+        open_keys = per_key.filter("open").select("key")
+        new_open_keys = os.path.join(work, "open_keys")
+        open_keys.write.parquet(new_open_keys)
+        still_open = (keyed.join(open_keys, "key", "left_semi").drop("key")
+                      .dropDuplicates(["g_rank", "g_row"]))
+        new_open = os.path.join(work, "open")
+        _write_one_file(still_open, new_open)
+        open_events = spark.read.parquet(new_open).count()
+
+        closed_now = per_key.filter("NOT open").select("key")
+        if state and os.path.isdir(closed_dir):
+            closed_now = (spark.read.parquet(closed_dir).unionByName(closed_now)
+                          .join(open_keys, "key", "left_anti").distinct())
+        new_closed = os.path.join(work, "closed")
+        closed_now.write.parquet(new_closed)
+
+        # Findings: the earlier closed messages' (those not judged again here) and this run's.
+        judged_ids = per_key.select(F.col("key").alias("message_id"))
+        mine = read_findings(spark, os.path.join(options.out, "findings")).join(
+            judged_ids, "message_id", "left_semi")
+        if state and os.path.isdir(kept_dir):
+            old = read_findings(spark, kept_dir).join(judged_ids, "message_id", "left_anti")
+            every = old.unionByName(mine.select(*old.columns))
+        else:
+            every = mine
+        combined = os.path.join(work, "findings")
+        every.write.partitionBy("class").parquet(combined)
+        keep = read_findings(spark, combined).join(
+            open_keys.select(F.col("key").alias("message_id")), "message_id", "left_anti")
+        new_kept = os.path.join(work, "kept")
+        keep.write.partitionBy("class").parquet(new_kept)
+
+        drained_out = dict(drained)
+        for address, at in result.drained.items():
+            drained_out[address] = max(at, drained_out.get(address, at))
+        summary = dict(result.summary)
+        _publish_findings(spark, combined, options, summary)
+        summary["incremental"] = {
+            "state": state_dir, "files_before": len(recorded), "files_new": len(new),
+            "live_files_left": len(live), "open_events": open_events,
+            "reopened_messages": reopened, "watermark_source": source}
+        summary["watermark_source"] = source
+        write_summary(summary, options.out)
+
+        for source_dir, target in ((new_open, open_dir), (new_open_keys, open_keys_dir),
+                                   (new_closed, closed_dir), (new_kept, kept_dir)):
+            _replace(source_dir, target)
+        with open(os.path.join(state_dir, "summary.json"), "w", encoding="utf-8") as handle:
+            json.dump(summary, handle, indent=2)
+        _save_state(state_dir, {
+            "version": STATE_VERSION,
+            "files": [vars(m) for m in
+                      ([FileMark(**e) for e in state["files"]] if state else []) + marks],
+            "watermark": watermark, "last_ts": last_ts, "settings": settings,
+            "drained": drained_out, "open_events": open_events})
+        return AuditResult(summary, drained_out)
+    finally:
+        for frame in cached:
+            frame.unpersist()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _publish_findings(spark: SparkSession, combined: str, options: AuditOptions,
+                      summary: dict[str, Any]) -> None:
+    """Make ``combined`` the output's findings and count them in ``summary``."""
+    target = os.path.join(options.out, "findings")
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(combined, target)
+    classes = class_counts(read_findings(spark, target), options.examples)
+    summary["classes"] = classes
+    summary["anomalies"] = sum(e["count"] for e in classes.values() if e["anomaly"])
+    summary["ok"] = summary["anomalies"] == 0
+
+
+def _unchanged(spark: SparkSession, state_dir: str, options: AuditOptions,
+               live: Sequence[str]) -> AuditResult:
+    """No new file and nothing open: the last run's findings and summary stand."""
+    os.makedirs(options.out, exist_ok=True)
+    with open(os.path.join(state_dir, "summary.json"), encoding="utf-8") as handle:
+        summary: dict[str, Any] = json.load(handle)
+    summary["incremental"] = {**summary.get("incremental", {}), "files_new": 0,
+                              "live_files_left": len(live), "reopened_messages": 0}
+    kept = os.path.join(state_dir, "findings")
+    if os.path.isdir(kept):
+        _publish_findings(spark, kept, options, summary)
+    write_summary(summary, options.out)
+    return AuditResult(summary)
+
+
+def _save_state(directory: str, state: Mapping[str, Any]) -> None:
+    path = os.path.join(directory, STATE_FILE)
+    temporary = path + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(state, handle, indent=2)
+        handle.write("\n")
+    os.replace(temporary, path)

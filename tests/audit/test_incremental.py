@@ -1,0 +1,148 @@
+"""``mqguard audit --state DIR``: incremental runs find what one full audit finds, whatever
+the split points (messages whose events straddle a split included), and a rewritten file
+is refused."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mqguard_tests.planted import CONFIG, plant
+from mqguard_tests.synthetic import Cluster
+
+from mqguard.audit.incremental import StateError, run_incremental
+from mqguard.audit.runner import AuditOptions, run_audit
+from mqguard.audit.summary import read_findings
+from mqguard.cli import main
+
+pytestmark = pytest.mark.spark
+
+
+def _first_ts(path: Path) -> int:
+    if path.suffix == ".parquet":
+        return int(pq.read_table(path, columns=["ts"]).column("ts")[0].as_py())
+    with gzip.open(path, "rt") as handle:
+        return int(json.loads(handle.readline())["ts"])
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, list[Path]]:
+    """The planted run as rotated segments only (the live tails rotated too), and the
+    segments in the order they were written (by first event)."""
+    events = tmp_path_factory.mktemp("planted") / "events"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        watermark, _ = plant(Cluster(events, monkeypatch, max_bytes=2048, flush_each=True))
+    for live in events.glob("*.jsonl"):
+        with live.open("rb") as source, gzip.open(
+                events / f"{live.stem}.999999.jsonl.gz", "wb") as target:
+            shutil.copyfileobj(source, target)
+        live.unlink()
+    files = sorted(events.iterdir(), key=lambda p: (_first_ts(p), p.name))
+    return events, watermark, files
+
+
+def _found(spark: Any, out: Path) -> set[tuple[str, str]]:
+    rows = read_findings(spark, str(out / "findings")).select("class", "message_id").collect()
+    return {(r["class"], r["message_id"]) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def full(spark: Any, planted: tuple[Path, int, list[Path]],
+         tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]]:
+    events, watermark, _ = planted
+    out = tmp_path_factory.mktemp("full")
+    run_audit(spark, AuditOptions([str(events)], out=str(out), config=CONFIG,
+                                  watermark=watermark, html=False))
+    found = _found(spark, out)
+    assert ("duplicated", "duplicated-delivered-after-success") in found
+    return found
+
+
+def _last_ts(paths: list[Path]) -> int:
+    last = 0
+    for path in paths:
+        if path.suffix == ".parquet":
+            last = max(last, max(pq.read_table(path, columns=["ts"]).column("ts").to_pylist()))
+        else:
+            with gzip.open(path, "rt") as handle:
+                last = max(last, *(json.loads(line)["ts"] for line in handle))
+    return last
+
+
+def _incremental(spark: Any, files: list[Path], cuts: list[int], watermark: int,
+                 root: Path) -> tuple[set[tuple[str, str]], list[dict[str, Any]]]:
+    """Audit with a state after each cut (files arriving in writing order); each run's
+    watermark just behind its last event (so messages close between runs), at most the
+    full audit's, which the last run takes."""
+    inbox, state, out = root / "inbox", root / "state", root / "out"
+    inbox.mkdir()
+    summaries = []
+    for n, end in enumerate([*cuts, len(files)]):
+        for path in files[:end]:
+            if not (inbox / path.name).exists():
+                os.link(path, inbox / path.name)
+        at = watermark if n == len(cuts) else min(watermark, _last_ts(files[:end]) - 10)
+        result = run_incremental(spark, AuditOptions(
+            [str(inbox)], out=str(out), config=CONFIG, watermark=at, html=False), str(state))
+        summaries.append(result.summary)
+    return _found(spark, out), summaries
+
+
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_findings_equal_a_full_audit_whatever_the_splits(
+        spark: Any, planted: tuple[Path, int, list[Path]], full: set[tuple[str, str]],
+        tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    _, watermark, files = planted
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(files) - 1), min_size=1, max_size=3)))
+    found, summaries = _incremental(spark, files, cuts, watermark,
+                                    tmp_path_factory.mktemp("incremental"))
+    assert found == full, cuts
+    assert sum(s["incremental"]["files_new"] for s in summaries) == len(files)
+
+
+def test_a_duplicate_after_the_acknowledgement_reopens_the_message(
+        spark: Any, planted: tuple[Path, int, list[Path]], full: set[tuple[str, str]],
+        tmp_path: Path) -> None:
+    """Split every second file: a message handled in one run and delivered again in a
+    later one is read again from the audited files and judged a duplicate."""
+    _, watermark, files = planted
+    cuts = list(range(2, len(files), 2))
+    found, summaries = _incremental(spark, files, cuts, watermark, tmp_path)
+    assert found == full
+    assert sum(s["incremental"]["reopened_messages"] for s in summaries) > 0
+    assert all(s["incremental"]["open_events"] >= 0 for s in summaries)
+
+
+def test_rewritten_file_is_refused(spark: Any, planted: tuple[Path, int, list[Path]],
+                                   tmp_path: Path) -> None:
+    _, _, files = planted
+    inbox, state = tmp_path / "inbox", tmp_path / "state"
+    inbox.mkdir()
+    for path in files[:3]:
+        shutil.copy(path, inbox / path.name)
+    options = AuditOptions([str(inbox)], out=str(tmp_path / "out"), config=CONFIG, html=False)
+    run_incremental(spark, options, str(state))
+    victim = inbox / files[1].name
+    victim.write_bytes(victim.read_bytes()[:-1] + b"\0")
+    with pytest.raises(StateError, match=f"{victim.name} changed since it was audited"):
+        run_incremental(spark, options, str(state))
+    victim.unlink()
+    with pytest.raises(StateError, match="is gone"):
+        run_incremental(spark, options, str(state))
+
+
+def test_cli_refuses_state_with_redis(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["audit", str(tmp_path), "--state", str(tmp_path / "s"),
+                                       "--redis", "redis://127.0.0.1:1"])
+    assert result.exit_code == 2 and "--state audits the event log only" in result.output
