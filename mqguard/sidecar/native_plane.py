@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, cast
@@ -29,6 +30,8 @@ __all__ = ["DATA_PLANES", "NativePlane", "native_available"]
 
 #: The values of ``[mqguard.sidecar] data-plane`` / ``--data-plane``.
 DATA_PLANES: Final = ("python", "native")
+
+log = logging.getLogger("mqguard.sidecar")
 
 # Event kinds of Plane.drain() (native/src/transport/plane.rs).
 _ITEMS, _EOF, _CLOSED, _ACCEPTED, _CONNECTED, _CONNECT_FAILED, _REFUSED, _MALFORMED = range(8)
@@ -96,48 +99,63 @@ class NativePlane:
         connection.connection_made(transport)
 
     def dispatch(self) -> None:
-        """Hand every pending event of the runtime to its leg (the loop's reader callback)."""
-        transports = self._transports
+        """Hand every pending event of the runtime to its leg (the loop's reader callback).
+
+        An exception while handling one (a bug) ends that leg, as asyncio ends a transport
+        whose protocol raised, and the other events are still handed on.
+        """
         for kind, leg, a, b in self.plane.drain():
-            if kind == _ITEMS:
-                transport = transports.get(leg)
+            try:
+                self._dispatch_one(kind, leg, a, b)
+            except Exception:
+                log.exception("native data plane: handling an event of connection %d "
+                              "failed; closing it", leg)
+                transport = self._transports.get(leg)
                 if transport is not None:
-                    transport.feed(cast(Items, a), None, cast(int, b))
-            elif kind == _MALFORMED:
-                transport = transports.get(leg)
-                if transport is not None:
-                    size, reason, detail = cast(tuple[int, str, str], b)
-                    transport.feed(cast(Items, a), FrameError(reason, detail=detail), size)
-            elif kind == _EOF:
-                transport = transports.get(leg)
-                if transport is not None:
-                    transport.feed_eof()
-            elif kind == _CLOSED:
-                transport = transports.pop(leg, None)
-                if transport is not None:
-                    transport.lost(None if a is None else _os_error(cast(int, a), str(b)))
-            elif kind == _ACCEPTED:
-                transport = NativeTransport(self.plane, leg,
-                                            peername=(str(a), cast(int, b)))
-                transports[leg] = transport
-                if self.on_accept is not None:
-                    self.on_accept(transport)
-                else:
                     transport.abort()
-                # The next client once the loop has turned (see Plane.accept_more).
-                self._loop.call_soon(self.plane.accept_more)
-            elif kind == _CONNECTED:
-                future = self._connecting.pop(leg, None)
-                if future is not None and not future.done():
-                    future.set_result(None)
-            elif kind == _CONNECT_FAILED:
-                future = self._connecting.pop(leg, None)
-                if future is not None and not future.done():
-                    number, tls_error = cast(tuple[int, bool], a)
-                    future.set_exception(ssl.SSLError(b) if tls_error
-                                         else _os_error(number, str(b)))
-            elif kind == _REFUSED and self.on_refused is not None:
-                self.on_refused(str(a))
+
+    def _dispatch_one(self, kind: int, leg: int, a: object, b: object) -> None:
+        transports = self._transports
+        if kind == _ITEMS:
+            transport = transports.get(leg)
+            if transport is not None:
+                transport.feed(cast(Items, a), None, cast(int, b))
+        elif kind == _MALFORMED:
+            transport = transports.get(leg)
+            if transport is not None:
+                size, reason, detail = cast(tuple[int, str, str], b)
+                transport.feed(cast(Items, a), FrameError(reason, detail=detail), size)
+        elif kind == _EOF:
+            transport = transports.get(leg)
+            if transport is not None:
+                transport.feed_eof()
+        elif kind == _CLOSED:
+            transport = transports.pop(leg, None)
+            if transport is not None:
+                transport.lost(None if a is None else _os_error(cast(int, a), str(b)))
+        elif kind == _ACCEPTED:
+            transport = NativeTransport(self.plane, leg,
+                                        peername=(str(a), cast(int, b)))
+            transports[leg] = transport
+            # The next client once the loop has turned (see Plane.accept_more), whatever
+            # becomes of this one.
+            self._loop.call_soon(self.plane.accept_more)
+            if self.on_accept is not None:
+                self.on_accept(transport)
+            else:
+                transport.abort()
+        elif kind == _CONNECTED:
+            future = self._connecting.pop(leg, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+        elif kind == _CONNECT_FAILED:
+            future = self._connecting.pop(leg, None)
+            if future is not None and not future.done():
+                number, tls_error = cast(tuple[int, bool], a)
+                future.set_exception(ssl.SSLError(b) if tls_error
+                                     else _os_error(number, str(b)))
+        elif kind == _REFUSED and self.on_refused is not None:
+            self.on_refused(str(a))
 
     def client_transport(self, transport: NativeTransport, protocol: FrameConnection,
                          sslcontext: ssl.SSLContext | None) -> None:

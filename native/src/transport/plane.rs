@@ -424,7 +424,8 @@ impl Plane {
     /// call per burst of reads, whatever the number of connections.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let mut buf = [0u8; 256];
-        while matches!((&self.wake_read).read_ready(&mut buf), Ok(n) if n > 0) {}
+        // One byte per wake-up (see `Events::push`): one read takes it.
+        let _ = (&self.wake_read).read_ready(&mut buf);
         let events = self.inner.events.take();
         let out = PyList::empty(py);
         for event in events {
