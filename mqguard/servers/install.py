@@ -40,7 +40,8 @@ __all__ = [
 ]
 
 KINDS: tuple[str, ...] = (
-    "redis", "redis-cluster", "activemq", "rabbitmq", "mosquitto", "artemis",
+    "redis", "redis-cluster", "activemq", "rabbitmq", "rabbitmq-cluster", "mosquitto",
+    "artemis",
 )
 
 ACTIVEMQ_HOME = Path("/usr/share/activemq")
@@ -51,9 +52,11 @@ _PACKAGES: dict[str, tuple[str, ...]] = {
     "redis-cluster": ("redis-server", "redis-tools"),
     "activemq": ("activemq",),
     "rabbitmq": ("rabbitmq-server",),
+    "rabbitmq-cluster": ("rabbitmq-server",),
     "mosquitto": ("mosquitto",),
-    # Maven fetches the Artemis distribution itself (see mqguard.servers.artemis_dist).
-    "artemis": ("maven",),
+    # Debian has no Artemis: Maven fetches it (mqguard.servers.artemis_dist), and the
+    # "maven" package is installed when that is needed.
+    "artemis": ("default-jre-headless",),
 }
 
 # What must exist for a launcher to work: commands on PATH or absolute paths.
@@ -68,8 +71,9 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
         "epmd",
     ),
     "mosquitto": ("mosquitto",),
-    "artemis": ("java", "mvn"),
+    "artemis": ("java",),
 }
+_REQUIRED["rabbitmq-cluster"] = _REQUIRED["rabbitmq"]
 
 # name inside the .deb -> package that ships it
 _CODEC_JARS: dict[str, str] = {
@@ -209,8 +213,10 @@ def ensure_installed(kinds: Iterable[str] = KINDS) -> None:
         if "activemq" in wanted:
             mqtt_codec_jars()
         if "artemis" in wanted:
-            from mqguard.servers.artemis_dist import artemis_home
+            from mqguard.servers.artemis_dist import artemis_cached, artemis_home
 
+            if not artemis_cached() and find_binary("mvn") is None:
+                _install_packages(["maven"])
             artemis_home()
 
 
