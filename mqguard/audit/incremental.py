@@ -13,7 +13,8 @@ The state directory remembers:
   with an event after the watermark;
 - ``open_keys/``: their ids (a carried event may also name a closed message: the
   closed original of a copy still open, which rides along unjudged);
-- ``closed/``: the ids of the messages closed so far, and ``findings/`` their
+- ``closed/``: the ids of the messages closed so far (with the first and last audited
+  file that holds their events), and ``findings/`` their
   findings, which no later watermark changes: only a message's own events decide
   them once it has a fate.
 
@@ -21,7 +22,8 @@ A run reads the new files plus ``open/``: the audit proper
 (:func:`mqguard.audit.runner.run_audit`) sees every event of every message it judges,
 the open ones carried over and the new ones. A new event of a message closed
 earlier (a redelivery after its acknowledgement, say) reopens it: its events are
-read again from the audited files (the only case that reads them again), so a
+read again from the audited files between its first and last (the only case that
+reads them again), so a
 duplicate is judged as a full audit would judge it. The findings written are those
 of the closed messages kept in the state plus this run's, equal to a full audit's
 over the same files.
@@ -38,6 +40,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -144,11 +147,12 @@ def _with_keys(events: DataFrame) -> DataFrame:
         F.array("message_id", "new_message_id")))))
 
 
-def _ranked(spark: SparkSession, files: Sequence[str], first_rank: int) -> DataFrame:
-    """The events of ``files`` with their global writing order (``g_rank``, ``g_row``)."""
+def _ranked(spark: SparkSession, files: Sequence[str], ranks: Sequence[int]) -> DataFrame:
+    """The events of ``files`` with their global writing order (``g_rank``: ``ranks[i]``
+    for ``files[i]``, ``g_row``)."""
     frame = load_event_inputs(spark, list(files)).frame.filter(valid_event())
-    return frame.select(*AUDIT_FIELDS, (F.col("file_rank") + first_rank).alias("g_rank"),
-                        F.col("row").alias("g_row"))
+    rank = F.element_at(F.array(*[F.lit(r) for r in ranks]), F.col("file_rank") + 1)
+    return frame.select(*AUDIT_FIELDS, rank.alias("g_rank"), F.col("row").alias("g_row"))
 
 
 def _last_ts(events: DataFrame) -> int | None:
@@ -207,9 +211,12 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
     open_keys_dir = os.path.join(state_dir, "open_keys")
     work = tempfile.mkdtemp(prefix=".incremental-", dir=state_dir)
     cached: list[DataFrame] = []
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
     try:
         progress(f"{len(new)} new file(s), {len(recorded)} audited before")
-        fresh = (_ranked(spark, new, len(recorded)) if new else None)
+        fresh = (_ranked(spark, new, range(len(recorded), len(recorded) + len(new)))
+                 if new else None)
         if fresh is not None:
             fresh = fresh.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(fresh)
@@ -228,27 +235,34 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
             watermark = max(watermark, int(state["watermark"]))
 
         # Messages closed earlier that the new events touch are read again.
-        reopened = 0
+        reopened = files_read_again = 0
         prior = [carried.select(*AUDIT_FIELDS, "g_rank", "g_row")] if carried is not None else []
         if fresh is not None and state and os.path.isdir(closed_dir):
             closed = spark.read.parquet(closed_dir)
-            touched = (_with_keys(fresh).select("key").distinct()
-                       .join(closed, "key", "left_semi"))
+            touched = (_with_keys(fresh).select("key").distinct().join(closed, "key"))
             touched = touched.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(touched)
-            reopened = touched.count()
+            spans = touched.groupBy("first_rank", "last_rank").count().collect()
+            reopened = sum(int(r["count"]) for r in spans)
             if reopened:
+                # Only the audited files between each message's first and last: the
+                # messages a new segment reopens were mostly closed in the last ones.
+                ranks = sorted({rank for r in spans
+                                for rank in range(r["first_rank"], r["last_rank"] + 1)})
                 progress(f"{reopened} closed message(s) have new events: reading their "
-                         "events again")
-                again = (_with_keys(_ranked(spark, recorded, 0))
-                         .join(F.broadcast(touched), "key", "left_semi").drop("key"))
+                         f"events again from {len(ranks)} file(s)")
+                again = (_with_keys(_ranked(spark, [recorded[r] for r in ranks], ranks))
+                         .join(F.broadcast(touched.select("key")), "key", "left_semi")
+                         .drop("key"))
                 prior.append(again)
+                files_read_again = len(ranks)
         prior_file = None
         if prior:
             union = prior[0] if len(prior) == 1 else prior[0].unionByName(prior[1])
             prior_file = _write_one_file(union.dropDuplicates(["g_rank", "g_row"]),
                                          os.path.join(work, "prior"))
         inputs = ([prior_file] if prior_file else []) + new
+        seconds["carry_in"] = time.perf_counter() - clock
         if not inputs:
             if state is None:
                 raise StateError(f"no rotated segment to audit yet: --state consumes rotated "
@@ -264,6 +278,7 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
             grace_ms=options.grace_ms, max_delivery_attempts=options.max_delivery_attempts,
             checks=options.checks, examples=options.examples, html=False,
             drained_floor=drained), progress)
+        seconds["audit"] = time.perf_counter() - clock - seconds["carry_in"]
 
         progress("recording what stays open")
         events = [fresh] if fresh is not None else []
@@ -284,7 +299,8 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
                   else judged_parts[0].unionByName(judged_parts[1])).distinct()
         terminal = F.col("type").isin([str(t) for t in TERMINAL])
         per_key = (keyed.join(judged, "key", "left_semi").groupBy("key").agg(
-            F.max("ts").alias("max_ts"), F.max(terminal.cast("int")).alias("terminal"))
+            F.max("ts").alias("max_ts"), F.max(terminal.cast("int")).alias("terminal"),
+            F.min("g_rank").alias("first_rank"), F.max("g_rank").alias("last_rank"))
             .withColumn("open", ~((F.col("terminal") == 1)
                                   & (F.col("max_ts") <= F.lit(watermark)))))
         per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
@@ -298,10 +314,12 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
         _write_one_file(still_open, new_open)
         open_events = spark.read.parquet(new_open).count()
 
-        closed_now = per_key.filter("NOT open").select("key")
+        closed_now = per_key.filter("NOT open").select("key", "first_rank", "last_rank")
         if state and os.path.isdir(closed_dir):
-            closed_now = (spark.read.parquet(closed_dir).unionByName(closed_now)
-                          .join(open_keys, "key", "left_anti").distinct())
+            # Judged here, open or closed again: this run's row replaces the earlier one.
+            closed_now = (spark.read.parquet(closed_dir)
+                          .join(per_key.select("key"), "key", "left_anti")
+                          .unionByName(closed_now))
         new_closed = os.path.join(work, "closed")
         closed_now.write.parquet(new_closed)
 
@@ -326,10 +344,15 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
             drained_out[address] = max(at, drained_out.get(address, at))
         summary = dict(result.summary)
         _publish_findings(spark, combined, options, summary)
+        seconds["carry_out"] = time.perf_counter() - clock - sum(seconds.values())
         summary["incremental"] = {
             "state": state_dir, "files_before": len(recorded), "files_new": len(new),
             "live_files_left": len(live), "open_events": open_events,
-            "reopened_messages": reopened, "watermark_source": source}
+            "reopened_messages": reopened, "files_read_again": files_read_again,
+            "watermark_source": source,
+            # carry_in: the new files' ids and last time, reopened messages read again,
+            # the open events written for the audit; carry_out: the next run's state.
+            "seconds": {k: round(v, 3) for k, v in seconds.items()}}
         summary["watermark_source"] = source
         write_summary(summary, options.out)
 

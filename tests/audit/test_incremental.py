@@ -122,6 +122,10 @@ def test_a_duplicate_after_the_acknowledgement_reopens_the_message(
     assert found == full
     assert sum(s["incremental"]["reopened_messages"] for s in summaries) > 0
     assert all(s["incremental"]["open_events"] >= 0 for s in summaries)
+    # Read again: only the audited files that hold the reopened messages, not all of them.
+    again = [s["incremental"]["files_read_again"] for s in summaries
+             if s["incremental"]["reopened_messages"]]
+    assert again and all(0 < n < len(files) for n in again), again
 
 
 def test_rewritten_file_is_refused(spark: Any, planted: tuple[Path, int, list[Path]],
