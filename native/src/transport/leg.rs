@@ -2,8 +2,10 @@
 //!
 //! The reader hands each read to the event queue (see `events`); the writer drains the
 //! leg's outgoing queue, coalescing what Python wrote since its last write into one
-//! system call. Both run concurrently inside one task, so that a reset can take the two
-//! halves of the stream back and drop the socket with `SO_LINGER 0`.
+//! system call. On a plain TCP leg a write made while nothing is queued skips the queue
+//! and goes to the socket from the calling thread (`Shared::write`). Reader and writer
+//! run concurrently inside one task, so that a reset can take the two halves of the
+//! stream back and drop the socket with `SO_LINGER 0`.
 //!
 //! Reading pauses for any of four reasons, kept as bits: Python asked (`PY`: the
 //! handshake hold, a full pre-relay queue), the coupled leg's outgoing queue is over
@@ -11,10 +13,12 @@
 //! yet (`BACKLOG`: the loop is behind) or reading stopped for good (`STOP`).
 
 use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
@@ -46,6 +50,61 @@ pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {
 impl Io for TcpStream {
     fn tcp(&self) -> &TcpStream {
         self
+    }
+}
+
+/// A plain TCP leg: the socket shared by the leg's task and the writes Python makes
+/// when nothing is queued (see `Shared::write`), which then leave at once from the
+/// calling thread instead of waking the runtime's.
+pub struct SharedTcp(pub Arc<TcpStream>);
+
+impl AsyncRead for SharedTcp {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read(buf.initialize_unfilled()) {
+                Ok(size) => {
+                    buf.advance(size);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for SharedTcp {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(data) {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(&*self.0).shutdown(std::net::Shutdown::Write))
+    }
+}
+
+impl Io for SharedTcp {
+    fn tcp(&self) -> &TcpStream {
+        &self.0
     }
 }
 
@@ -86,6 +145,9 @@ pub struct Shared {
     /// Locked by the reader for each read, by Python to change the version (after
     /// CONNECTED) or to ask how much of a frame is buffered.
     decoder: Mutex<Decoder>,
+    /// A plain TCP leg's socket, for writes made when nothing is queued; None for TLS
+    /// and once the leg has closed (or is closing).
+    direct: Mutex<Option<Arc<TcpStream>>>,
 }
 
 impl Shared {
@@ -102,6 +164,7 @@ impl Shared {
             end_now: Notify::new(),
             tx,
             decoder: Mutex::new(decoder),
+            direct: Mutex::new(None),
         })
     }
 
@@ -122,12 +185,36 @@ impl Shared {
         self.peer.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Queue `data`; over the high-water mark, the coupled leg stops reading.
-    pub fn write(&self, data: Vec<u8>) {
-        let size = data.len();
-        if size == 0 {
+    pub fn set_direct(&self, stream: Arc<TcpStream>) {
+        *self.direct.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
+    }
+
+    fn end_direct(&self) {
+        self.direct.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Write `data` now if nothing is queued before it and the socket takes it (plain
+    /// TCP); queue it, or what the socket did not take, otherwise. Over the high-water
+    /// mark, the coupled leg stops reading.
+    pub fn write(&self, data: &[u8]) {
+        let mut data = data;
+        if data.is_empty() {
             return;
         }
+        if self.queued.load(Ordering::Acquire) == 0 {
+            // Nothing queued: the leg's writer has nothing in flight, so this write
+            // cannot overtake one. Only the Python thread adds to the queue.
+            let direct = self.direct.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(stream) = direct.as_ref() {
+                match stream.try_write(data) {
+                    Ok(size) if size == data.len() => return,
+                    Ok(size) => data = &data[size..],
+                    Err(_) => {} // would block, or an error the writer reports
+                }
+            }
+        }
+        let data = data.to_vec();
+        let size = data.len();
         // Counted before the writer can see it: its subtraction must never come first.
         let queued = self.queued.fetch_add(size, Ordering::AcqRel) + size;
         if self.tx.send(Cmd::Data(data)).is_err() {
@@ -189,12 +276,14 @@ impl Shared {
     }
 
     pub fn close(&self) {
+        self.end_direct();
         let _ = self.tx.send(Cmd::Close);
     }
 
     /// Drop the connection now; `reset`: with an RST (SO_LINGER 0), discarding what
     /// the kernel still holds for a peer that does not read.
     pub fn end_now(&self, reset: bool) {
+        self.end_direct();
         self.end
             .fetch_max(if reset { END_RESET } else { END_ABORT }, Ordering::AcqRel);
         self.end_now.notify_one();
@@ -317,6 +406,7 @@ pub async fn run<S: Io + 'static>(
     }
     shared.set_pause(STOP, true);
     shared.release_peer();
+    shared.end_direct(); // the last reference to the socket besides the task's
     if shared.end.load(Ordering::Acquire) == END_RESET {
         let io = reader.unsplit(writer);
         let _ = io.tcp().set_zero_linger();

@@ -112,6 +112,19 @@ impl Inner {
         };
         tokio::spawn(leg::run(io, shared, rx, self.events.clone(), quick_ack));
     }
+
+    /// A plain TCP leg, whose socket Python's writes may use directly (see `SharedTcp`).
+    fn start_plain(
+        self: &Arc<Self>,
+        tcp: TcpStream,
+        shared: Arc<Shared>,
+        rx: mpsc::UnboundedReceiver<leg::Cmd>,
+        quick_ack: bool,
+    ) {
+        let tcp = Arc::new(tcp);
+        shared.set_direct(tcp.clone());
+        self.start(leg::SharedTcp(tcp), shared, rx, quick_ack);
+    }
 }
 
 /// What a listener needs to know besides its address.
@@ -321,7 +334,7 @@ impl Plane {
             match open_upstream(&host, port, config).await {
                 Ok(Upstream::Plain(tcp)) => {
                     inner.events.push(Event::Connected(id));
-                    inner.start(tcp, shared, rx, quick_ack);
+                    inner.start_plain(tcp, shared, rx, quick_ack);
                 }
                 Ok(Upstream::Tls(stream)) => {
                     inner.events.push(Event::Connected(id));
@@ -345,7 +358,7 @@ impl Plane {
     /// Queue `data` on the leg (nothing happens once the leg has closed).
     fn write(&self, leg: u64, data: &[u8]) {
         if let Some(shared) = self.inner.leg(leg) {
-            shared.write(data.to_vec());
+            shared.write(data);
         }
     }
 
@@ -643,7 +656,7 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                 peer.ip().to_string(),
                 peer.port(),
             ));
-            inner.start(tcp, shared, rx, false);
+            inner.start_plain(tcp, shared, rx, false);
             continue;
         };
         if setup.setting_up.load(Ordering::Acquire) >= setup.max_setting_up {
