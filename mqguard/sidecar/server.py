@@ -54,6 +54,7 @@ from mqguard.sidecar.frames import (
     encode,
 )
 from mqguard.sidecar.gctune import GcTuning
+from mqguard.sidecar.malloctune import fix_mmap_threshold
 from mqguard.sidecar.metrics import Count, SidecarMetrics
 from mqguard.sidecar.native_connection import NativeConnection, NativeTransport
 from mqguard.sidecar.native_plane import DATA_PLANES, NativePlane
@@ -221,7 +222,8 @@ class Sidecar:
         self._start_redistributors()
         if self._gc.apply():
             log.debug("sidecar owns the process: young-generation GC threshold raised, "
-                      "start-up objects frozen")
+                      "start-up objects frozen; malloc's mmap threshold %s",
+                      "fixed" if fix_mmap_threshold() else "left as it is")
         log.info("sidecar listening on %s:%d%s (%s data plane), upstream %s%s", host,
                  self.port, " (TLS)" if self.tls else "", self.data_plane, self.upstream.where,
                  f", admin on {self.admin_on[0]}:{self.admin_port}"
