@@ -118,7 +118,8 @@ def _incremental(events: int, more: int, *, json_path: str | None, **settings: A
              "met": met.get(key, "")}
             for key in ("events_before", "events_new", "segments_before", "segments_new",
                         "incremental_s", "fresh_s", "incremental_ratio", "open_events",
-                        "reopened_messages", "incremental_stages_s", "planted", "found",
+                        "reopened_messages", "files_read_again", "incremental_stages_s",
+                        "planted", "found",
                         "false_positives")]
     print_table("mqguard bench audit --incremental", rows, ["figure", "value", "goal", "met"])
     click.echo(f"load average before {result['load_average_before']}, "
