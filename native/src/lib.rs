@@ -7,12 +7,14 @@
 
 use pyo3::prelude::*;
 
+pub mod mqtt;
 pub mod stomp;
 pub mod transport;
 
 #[pymodule]
 fn mqguard_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    mqtt::register(m)?;
     stomp::register(m)?;
     transport::register(m)?;
     Ok(())
