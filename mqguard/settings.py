@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mqguard.matching import ordered_matches
 
@@ -33,6 +33,13 @@ class AddressSettingsTable(BaseModel):
     max_delivery_attempts: int | None = Field(None, ge=-1)
     #: Duplicate-ID cache (ring) size of the address; 0 turns duplicate detection off.
     id_cache_size: int | None = Field(None, ge=0)
+    #: Where the duplicate id of a message without ``_AMQ_DUPL_ID`` comes from: ``header``
+    #: (none: not checked) or ``content`` (a digest of the body and of the headers named in
+    #: ``duplicate-id-headers``; docs/duplicate-detection.md). A message's own id wins.
+    duplicate_id_from: Literal["header", "content"] | None = None
+    #: With ``duplicate-id-from = "content"``: headers (MQTT 5 user properties) whose values
+    #: enter the digest with the body, so equal bodies with different values are distinct.
+    duplicate_id_headers: list[str] | None = None
     #: Milliseconds before a failed message is redelivered.
     redelivery_delay: int | None = Field(None, ge=0)
     #: Backoff factor applied to the delay per further attempt.
@@ -83,6 +90,24 @@ class AddressSettingsTable(BaseModel):
         # TOML writes 2 for 2.0; strict mode would refuse it, which helps nobody.
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
+    @field_validator("duplicate_id_headers")
+    @classmethod
+    def _header_names(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if any(not name.strip() for name in value):
+            raise ValueError("header names must not be blank")
+        if len(set(value)) != len(value):
+            raise ValueError("header names must not repeat")
+        return value
+
+    @model_validator(mode="after")
+    def _headers_need_content(self) -> AddressSettingsTable:
+        if self.duplicate_id_headers and self.duplicate_id_from == "header":
+            raise ValueError('duplicate-id-headers is used only with duplicate-id-from = '
+                             '"content"')
+        return self
+
     @field_validator("dead_letter_address", "expiry_address")
     @classmethod
     def _not_blank(cls, value: str | None) -> str | None:
@@ -102,6 +127,8 @@ class AddressSettings:
     max_delivery_attempts: int = 10
     #: ``[mqguard] id-cache-size`` (20000 by default).
     id_cache_size: int = 20000
+    duplicate_id_from: str = "header"
+    duplicate_id_headers: tuple[str, ...] = ()
     redelivery_delay: int = 0
     redelivery_delay_multiplier: float = 1.0
     # UNSET_MAX_REDELIVERY_DELAY resolves to 10 x redelivery-delay in __post_init__, as
@@ -171,7 +198,7 @@ def merge_tables(tables: list[AddressSettingsTable], *, global_id_cache_size: in
         for table in tables:
             value = getattr(table, name)
             if value is not None:
-                values[name] = value
+                values[name] = tuple(value) if isinstance(value, list) else value
                 break
     if "id_cache_size" not in values and global_id_cache_size is not None:
         values["id_cache_size"] = global_id_cache_size

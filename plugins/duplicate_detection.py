@@ -3,6 +3,10 @@
 Semantics follow ActiveMQ Artemis (``PostOfficeImpl.checkDuplicateID``,
 ``InMemoryDuplicateIDCache`` / ``PersistentDuplicateIDCache``):
 
+* On an address with ``duplicate-id-from = "content"`` a message carrying no id gets
+  one from its content (:func:`mqguard.digest.content_id`: the body and the headers named
+  in ``duplicate-id-headers``), stamped as its ``_AMQ_DUPL_ID`` before the check below;
+  an mqguard extension (Artemis has no content-based detection).
 * A message carrying ``_AMQ_DUPL_ID`` (or one of the extra header names in
   ``[plugins.duplicate_detection] headers``; over MQTT 5 a user property of the
   same name) is checked against the circular cache of its address, of size
@@ -60,7 +64,7 @@ from pydantic import Field
 from mqguard import hookimpl
 from mqguard.config import MqguardConfig, PluginOptions, parse_plugin_options
 from mqguard.context import HookContext
-from mqguard.digest import id_digest
+from mqguard.digest import CONTENT_ID_PREFIX, content_id, id_digest
 from mqguard.errors import StoreError
 from mqguard.message import BRIDGE_DUPLICATE_ID_HEADER, DUPLICATE_ID_HEADER, Message
 from mqguard.stores.base import RingOutcome, Store
@@ -191,7 +195,12 @@ class DuplicateDetectionPlugin:
             return None
         duplicate_id = self.duplicate_id_of(message)
         if duplicate_id is None:
-            return None
+            if ctx.settings.duplicate_id_from != "content":
+                return None
+            # Stamped as the message's _AMQ_DUPL_ID: the batch check, after_send, the events,
+            # consumers and a downstream Artemis all see the one id (docs/duplicate-detection.md).
+            duplicate_id = message.duplicate_id = content_id(
+                message.body, message.headers, ctx.settings.duplicate_id_headers)
         if ctx.transaction is not None:
             return self._stage(message, ctx, duplicate_id, capacity)
         if ctx.batch:
@@ -338,8 +347,8 @@ class DuplicateDetectionPlugin:
         log.warning("Duplicate message detected - message will not be routed: address=%s "
                     "duplicate_id=%r message_id=%s", message.address, duplicate_id,
                     message.message_id)
-        return Verdict.drop(f"duplicate id {duplicate_id!r} already in the cache of {cache}",
-                            event=DUPLICATE_EVENT)
+        return Verdict.drop(f"duplicate {_kind(duplicate_id)} {duplicate_id!r} already in the "
+                            f"cache of {cache}", event=DUPLICATE_EVENT)
 
     def _too_long(self, duplicate_id: str) -> Verdict | None:
         if len(duplicate_id) > MAX_ID_LENGTH:
@@ -507,6 +516,11 @@ class DuplicateDetectionPlugin:
                 self._confirmations.owe_many(ctx.store, [(cache, d) for d in digests])
             else:
                 self._release(ctx.store, cache, digests)
+
+
+def _kind(duplicate_id: str) -> str:
+    """How a rejection names the id: a digest of the content or an id the producer set."""
+    return "content id" if duplicate_id.startswith(CONTENT_ID_PREFIX) else "id"
 
 
 class _Confirmations:
