@@ -128,6 +128,7 @@ class AddressSettings:
     #: ``[mqguard] id-cache-size`` (20000 by default).
     id_cache_size: int = 20000
     duplicate_id_from: str = "header"
+    #: None: the body alone.
     duplicate_id_headers: tuple[str, ...] = ()
     redelivery_delay: int = 0
     redelivery_delay_multiplier: float = 1.0
