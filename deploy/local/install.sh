@@ -13,7 +13,7 @@ export PYTHONPATH="${repo_root}${PYTHONPATH:+:${PYTHONPATH}}"
 
 # Test tools: Debian package per command. The suite fails (under CI) or skips (locally)
 # a test whose tool is missing, so a root install puts them all in place.
-declare -A tools=([shellcheck]=shellcheck)
+declare -A tools=([shellcheck]=shellcheck [mosquitto_pub]=mosquitto-clients)
 missing=()
 for tool in "${!tools[@]}"; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("${tools[$tool]}")
