@@ -3,8 +3,8 @@
 //! gives the same packets, and the limits hold.
 
 use mqguard_native::mqtt::{
-    encode_to_vec, Ack, ConnAck, Connect, Decoder, Limits, MqttError, Packet, PropValue, Property, Publish, Reasoned,
-    SubAck, Subscribe, Unsubscribe, Version, Will,
+    encode_to_vec, prop_allowed, Ack, ConnAck, Connect, Decoder, Limits, MqttError, Packet, PropValue, Property, Publish, Reasoned,
+    SubAck, Subscribe, Unsubscribe, Version, Will, WILL,
 };
 use proptest::prelude::*;
 
@@ -36,19 +36,24 @@ fn property() -> impl Strategy<Value = Property> {
         (1u32..268_435_455).prop_map(|v| Property { id: 0x0B, value: PropValue::VarInt(v) }),
         any::<u16>().prop_map(|v| Property { id: 0x23, value: PropValue::U16(v) }),
         (0u8..2).prop_map(|v| Property { id: 0x01, value: PropValue::Byte(v) }),
+        text().prop_map(|v| Property { id: 0x1F, value: PropValue::Str(v) }),
+        any::<u32>().prop_map(|v| Property { id: 0x11, value: PropValue::U32(v) }),
+        any::<u16>().prop_map(|v| Property { id: 0x21, value: PropValue::U16(v) }),
+        any::<u32>().prop_map(|v| Property { id: 0x18, value: PropValue::U32(v) }),
     ]
 }
 
 /// Properties with no repeats except user properties and subscription identifiers.
-fn props(version: Version) -> BoxedStrategy<Vec<Property>> {
+fn props(version: Version, packet_type: u8) -> BoxedStrategy<Vec<Property>> {
     if version == Version::V311 {
         return Just(Vec::new()).boxed();
     }
-    proptest::collection::vec(property(), 0..6)
-        .prop_map(|mut list| {
+    proptest::collection::vec(property(), 0..8)
+        .prop_map(move |mut list| {
             let mut seen = Vec::new();
             list.retain(|p| {
-                let keep = p.id == 0x26 || p.id == 0x0B || !seen.contains(&p.id);
+                let keep = prop_allowed(p.id, packet_type)
+                    && (p.id == 0x26 || p.id == 0x0B || !seen.contains(&p.id));
                 seen.push(p.id);
                 keep
             });
@@ -57,11 +62,11 @@ fn props(version: Version) -> BoxedStrategy<Vec<Property>> {
         .boxed()
 }
 
-fn ack(version: Version) -> BoxedStrategy<Ack> {
+fn ack(version: Version, packet_type: u8) -> BoxedStrategy<Ack> {
     let id = 1u16..;
     match version {
         Version::V311 => id.prop_map(|packet_id| Ack { packet_id, reason: None, properties: None }).boxed(),
-        Version::V5 => (id, proptest::option::of((any::<u8>(), proptest::option::of(props(version)))))
+        Version::V5 => (id, proptest::option::of((any::<u8>(), proptest::option::of(props(version, packet_type)))))
             .prop_map(|(packet_id, r)| match r {
                 None => Ack { packet_id, reason: None, properties: None },
                 Some((reason, properties)) => Ack { packet_id, reason: Some(reason), properties },
@@ -70,10 +75,10 @@ fn ack(version: Version) -> BoxedStrategy<Ack> {
     }
 }
 
-fn reasoned(version: Version) -> BoxedStrategy<Reasoned> {
+fn reasoned(version: Version, packet_type: u8) -> BoxedStrategy<Reasoned> {
     match version {
         Version::V311 => Just(Reasoned { reason: None, properties: None }).boxed(),
-        Version::V5 => proptest::option::of((any::<u8>(), proptest::option::of(props(version))))
+        Version::V5 => proptest::option::of((any::<u8>(), proptest::option::of(props(version, packet_type))))
             .prop_map(|r| match r {
                 None => Reasoned { reason: None, properties: None },
                 Some((reason, properties)) => Reasoned { reason: Some(reason), properties },
@@ -83,15 +88,15 @@ fn reasoned(version: Version) -> BoxedStrategy<Reasoned> {
 }
 
 fn packet(version: Version) -> BoxedStrategy<Packet> {
-    let will = (0u8..3, any::<bool>(), props(version), topic(), bytes())
+    let will = (0u8..3, any::<bool>(), props(version, WILL), topic(), bytes())
         .prop_map(|(qos, retain, properties, topic, payload)| Will { qos, retain, properties, topic, payload });
-    let connect = (any::<bool>(), any::<u16>(), props(version), text(), proptest::option::of(will), proptest::option::of(text()), proptest::option::of(bytes()))
+    let connect = (any::<bool>(), any::<u16>(), props(version, 1), text(), proptest::option::of(will), proptest::option::of(text()), proptest::option::of(bytes()))
         .prop_map(move |(clean_start, keep_alive, properties, client_id, will, username, password)| {
             // MQTT 3.1.1 has no password without a user name.
             let password = if version == Version::V311 && username.is_none() { None } else { password };
             Packet::Connect(Connect { version, clean_start, keep_alive, properties, client_id, will, username, password })
         });
-    let publish = (any::<bool>(), 0u8..3, any::<bool>(), topic(), 1u16.., props(version), bytes())
+    let publish = (any::<bool>(), 0u8..3, any::<bool>(), topic(), 1u16.., props(version, 3), bytes())
         .prop_map(|(dup, qos, retain, topic, id, properties, payload)| {
             let packet_id = (qos > 0).then_some(id);
             Packet::Publish(Publish { dup, qos, retain, topic, packet_id, properties, payload })
@@ -100,39 +105,39 @@ fn packet(version: Version) -> BoxedStrategy<Packet> {
         Version::V311 => (0u8..3).boxed(),
         Version::V5 => (0u8..3, 0u8..4, 0u8..3).prop_map(|(q, flags, rh)| q | (flags << 2) | (rh << 4)).boxed(),
     };
-    let subscribe = (1u16.., props(version), proptest::collection::vec((filter(), subscribe_options), 1..4))
+    let subscribe = (1u16.., props(version, 8), proptest::collection::vec((filter(), subscribe_options), 1..4))
         .prop_map(|(packet_id, properties, filters)| Packet::Subscribe(Subscribe { packet_id, properties, filters }));
     let suback_codes = proptest::collection::vec(prop_oneof![Just(0u8), Just(1), Just(2), Just(0x80)], 1..4);
-    let suback = (1u16.., props(version), suback_codes)
+    let suback = (1u16.., props(version, 9), suback_codes)
         .prop_map(|(packet_id, properties, codes)| Packet::SubAck(SubAck { packet_id, properties, codes }));
-    let unsubscribe = (1u16.., props(version), proptest::collection::vec(filter(), 1..4))
+    let unsubscribe = (1u16.., props(version, 10), proptest::collection::vec(filter(), 1..4))
         .prop_map(|(packet_id, properties, filters)| Packet::Unsubscribe(Unsubscribe { packet_id, properties, filters }));
     let unsuback_codes = match version {
         Version::V311 => Just(Vec::new()).boxed(),
         Version::V5 => proptest::collection::vec(any::<u8>(), 0..4).boxed(),
     };
-    let unsuback = (1u16.., props(version), unsuback_codes)
+    let unsuback = (1u16.., props(version, 11), unsuback_codes)
         .prop_map(|(packet_id, properties, codes)| Packet::UnsubAck(SubAck { packet_id, properties, codes }));
-    let connack = (any::<bool>(), any::<u8>(), props(version))
+    let connack = (any::<bool>(), any::<u8>(), props(version, 2))
         .prop_map(|(session_present, code, properties)| Packet::ConnAck(ConnAck { session_present, code, properties }));
     let mut choices = vec![
         connect.boxed(),
         connack.boxed(),
         publish.boxed(),
-        ack(version).prop_map(Packet::PubAck).boxed(),
-        ack(version).prop_map(Packet::PubRec).boxed(),
-        ack(version).prop_map(Packet::PubRel).boxed(),
-        ack(version).prop_map(Packet::PubComp).boxed(),
+        ack(version, 4).prop_map(Packet::PubAck).boxed(),
+        ack(version, 5).prop_map(Packet::PubRec).boxed(),
+        ack(version, 6).prop_map(Packet::PubRel).boxed(),
+        ack(version, 7).prop_map(Packet::PubComp).boxed(),
         subscribe.boxed(),
         suback.boxed(),
         unsubscribe.boxed(),
         unsuback.boxed(),
         Just(Packet::PingReq).boxed(),
         Just(Packet::PingResp).boxed(),
-        reasoned(version).prop_map(Packet::Disconnect).boxed(),
+        reasoned(version, 14).prop_map(Packet::Disconnect).boxed(),
     ];
     if version == Version::V5 {
-        choices.push(reasoned(version).prop_map(Packet::Auth).boxed());
+        choices.push(reasoned(version, 15).prop_map(Packet::Auth).boxed());
     }
     proptest::strategy::Union::new(choices).boxed()
 }

@@ -302,7 +302,9 @@ pub fn decode_packet(first: u8, body: &[u8], version: Option<Version>, limits: &
     let kind = first >> 4;
     let mut cur = Cursor::new(body);
     if kind == 1 {
-        return Ok(Packet::Connect(decode_connect(&mut cur, limits)?));
+        let packet = Packet::Connect(decode_connect(&mut cur, limits)?);
+        packet.check_properties()?;
+        return Ok(packet);
     }
     let version = version.ok_or_else(|| {
         MqttError::protocol(format!("packet type {kind} before CONNECT (the protocol version is not known)"))
@@ -357,6 +359,7 @@ pub fn decode_packet(first: u8, body: &[u8], version: Option<Version>, limits: &
         14 => Packet::Disconnect(decode_reasoned(cur, version, limits, "DISCONNECT")?),
         _ => Packet::Auth(decode_reasoned(cur, version, limits, "AUTH")?),
     };
+    packet.check_properties()?;
     Ok(packet)
 }
 

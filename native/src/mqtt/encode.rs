@@ -178,6 +178,7 @@ fn body(packet: &Packet, version: Version, out: &mut Vec<u8>) -> Result<u8, Mqtt
 /// Appends the encoded `packet` to `out` (a CONNECT uses its own version). On error
 /// `out` is left as it was.
 pub fn encode(packet: &Packet, version: Version, out: &mut Vec<u8>) -> Result<(), MqttError> {
+    packet.check_properties()?;
     let mut content = Vec::with_capacity(64);
     let flags = body(packet, version, &mut content)?;
     let remaining = u32::try_from(content.len()).ok().filter(|n| *n <= MAX_VARINT).ok_or_else(|| {

@@ -27,7 +27,7 @@ pub use decode::{decode_packet, Decoder, Limits};
 pub use encode::{encode, encode_to_vec};
 pub use error::MqttError;
 pub use packet::{Ack, Connect, ConnAck, Packet, Publish, Reasoned, SubAck, Subscribe, Unsubscribe, Version, Will};
-pub use props::{prop_name, Properties, PropValue, Property};
+pub use props::{prop_allowed, prop_name, Properties, PropValue, Property, WILL};
 pub use varint::{read_varint, write_varint, MAX_VARINT};
 
 use pyo3::prelude::*;

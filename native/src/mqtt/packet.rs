@@ -225,3 +225,31 @@ impl fmt::Debug for Publish {
             .finish()
     }
 }
+
+impl Packet {
+    /// Checks that every property section holds only properties its packet may carry.
+    pub(crate) fn check_properties(&self) -> Result<(), super::error::MqttError> {
+        use super::props::{check_allowed, WILL};
+        let (name, kind) = (self.name(), self.type_number());
+        let own = match self {
+            Packet::Connect(c) => {
+                if let Some(will) = &c.will {
+                    check_allowed(&will.properties, WILL, "a will")?;
+                }
+                Some(&c.properties)
+            }
+            Packet::ConnAck(c) => Some(&c.properties),
+            Packet::Publish(p) => Some(&p.properties),
+            Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => a.properties.as_ref(),
+            Packet::Subscribe(s) => Some(&s.properties),
+            Packet::SubAck(a) | Packet::UnsubAck(a) => Some(&a.properties),
+            Packet::Unsubscribe(u) => Some(&u.properties),
+            Packet::Disconnect(r) | Packet::Auth(r) => r.properties.as_ref(),
+            Packet::PingReq | Packet::PingResp => None,
+        };
+        match own {
+            Some(props) => check_allowed(props, kind, name),
+            None => Ok(()),
+        }
+    }
+}

@@ -258,3 +258,53 @@ pub(crate) fn typed_value(id: u8, given: Given) -> Result<PropValue, String> {
         }
     })
 }
+
+/// Bit of the will's properties in [`allowed_mask`]; packet types use bit `type`.
+pub const WILL: u8 = 0;
+
+/// The packets a property may appear in (MQTT 5.0 table 2-4), as bits by packet type.
+fn allowed_mask(id: u8) -> u16 {
+    const fn bits(types: &[u8]) -> u16 {
+        let mut mask = 0;
+        let mut i = 0;
+        while i < types.len() {
+            mask |= 1 << types[i];
+            i += 1;
+        }
+        mask
+    }
+    match id {
+        0x01 | 0x02 | 0x03 | 0x08 | 0x09 => bits(&[3, WILL]),
+        0x0B => bits(&[3, 8]),
+        0x11 => bits(&[1, 2, 14]),
+        0x12 | 0x13 | 0x1A | 0x24 | 0x25 | 0x28 | 0x29 | 0x2A => bits(&[2]),
+        0x15 | 0x16 => bits(&[1, 2, 15]),
+        0x17 | 0x19 => bits(&[1]),
+        0x18 => bits(&[WILL]),
+        0x1C => bits(&[2, 14]),
+        0x1F => bits(&[2, 4, 5, 6, 7, 9, 11, 14, 15]),
+        0x21 | 0x22 | 0x27 => bits(&[1, 2]),
+        0x23 => bits(&[3]),
+        0x26 => 0xffff,
+        _ => 0,
+    }
+}
+
+/// Whether property `id` may appear in packets of `packet_type` ([`WILL`] for a will).
+pub fn prop_allowed(id: u8, packet_type: u8) -> bool {
+    packet_type < 16 && allowed_mask(id) & (1 << packet_type) != 0
+}
+
+/// Checks that each property belongs in `packet_type` (`what` names it in the error).
+pub(crate) fn check_allowed(props: &[Property], packet_type: u8, what: &str) -> Result<(), MqttError> {
+    for prop in props {
+        let name = prop_name(prop.id).unwrap_or("unknown");
+        if !prop_allowed(prop.id, packet_type) {
+            return Err(MqttError::protocol(format!("property {name} is not allowed in {what}")));
+        }
+        if prop.value == PropValue::VarInt(0) && prop.id == SUBSCRIPTION_ID {
+            return Err(MqttError::protocol("subscription identifier 0"));
+        }
+    }
+    Ok(())
+}

@@ -188,3 +188,15 @@ fn encoder_refuses_what_the_decoder_would() {
     assert!(encode_to_vec(&a, Version::V311).is_err());
     assert_eq!(encode_to_vec(&a, Version::V5).unwrap(), [0x40, 3, 0, 1, 0x10]);
 }
+
+#[test]
+fn properties_only_where_the_spec_allows_them() {
+    // Topic alias (0x23) in a PUBACK: a protocol error; reason string (0x1F) is fine there.
+    let alias = [0x40, 7, 0, 1, 0, 3, 0x23, 0, 1];
+    assert!(error_of(&alias, Some(Version::V5), Limits::default()).detail.contains("not allowed in PUBACK"));
+    one(&[0x40, 7, 0, 1, 0, 3, 0x1F, 0, 0], Some(Version::V5));
+    // Subscription identifier 0 is a protocol error.
+    let zero = [0x82, 9, 0, 1, 2, 0x0B, 0, 0, 1, b'a', 0];
+    assert!(error_of(&zero, Some(Version::V5), Limits::default()).detail.contains("identifier 0"));
+    assert!(prop_allowed(0x18, WILL) && !prop_allowed(0x18, 3));
+}
