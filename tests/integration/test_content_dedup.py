@@ -25,9 +25,12 @@ from mqguard.registry import open_adapter
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.waiting import wait_for
 
+#: (broker, data plane): both brokers on the sidecar's default plane, and the native plane
+#: once (it shares the guard calls; what it changes is the I/O).
 SIDECAR_BROKERS = [
-    pytest.param("activemq", marks=pytest.mark.activemq, id="activemq"),
-    pytest.param("rabbitmq", marks=pytest.mark.rabbitmq, id="rabbitmq"),
+    pytest.param(("activemq", None), marks=pytest.mark.activemq, id="activemq"),
+    pytest.param(("rabbitmq", None), marks=pytest.mark.rabbitmq, id="rabbitmq"),
+    pytest.param(("activemq", "native"), marks=pytest.mark.activemq, id="activemq-native"),
 ]
 
 
@@ -48,27 +51,36 @@ def rejected_ids(tmp_path: Path) -> list[str]:
             if e["type"] == "duplicate_rejected"]
 
 
+class Collector:
+    """A guarded consumer of ``address`` (subscribed before anything is sent: MQTT has no
+    queues)."""
+
+    def __init__(self, url: str, address: str, guard: Guard) -> None:
+        self.got: list[Message] = []
+        self.arrived = threading.Event()
+        self.consumer = GuardedConsumer(open_adapter(url), address, self._handle, guard)
+        self.consumer.start()
+
+    def _handle(self, message: Message) -> None:
+        self.got.append(message)
+        self.arrived.set()
+
+    def wait(self, expected: int) -> list[Message]:
+        """``expected`` messages and, for one second more, anything a missed duplicate
+        would add."""
+        try:
+            deadline = time.monotonic() + 20
+            while len(self.got) < expected and time.monotonic() < deadline:
+                self.arrived.wait(0.2)
+                self.arrived.clear()
+            time.sleep(1.0)
+        finally:
+            self.consumer.stop()
+        return self.got
+
+
 def collect(url: str, address: str, guard: Guard, expected: int) -> list[Message]:
-    """What a guarded consumer of ``address`` gets: ``expected`` messages and, for one
-    second more, anything a missed duplicate would add."""
-    got: list[Message] = []
-    arrived = threading.Event()
-
-    def handle(message: Message) -> None:
-        got.append(message)
-        arrived.set()
-
-    consumer = GuardedConsumer(open_adapter(url), address, handle, guard)
-    consumer.start()
-    try:
-        deadline = time.monotonic() + 20
-        while len(got) < expected and time.monotonic() < deadline:
-            arrived.wait(0.2)
-            arrived.clear()
-        time.sleep(1.0)
-    finally:
-        consumer.stop()
-    return got
+    return Collector(url, address, guard).wait(expected)
 
 
 @pytest.fixture
@@ -107,13 +119,39 @@ def test_wrappers_content_dedup(broker_url: str, mqguard_redis_url: str, tmp_pat
                                       content_id(b"on", {"device": "a"}, ["device"])]
 
 
+@pytest.mark.redis
+@pytest.mark.mosquitto
+def test_wrappers_content_dedup_mqtt(mqguard_mosquitto_server: Any, mqguard_redis_url: str,
+                                     tmp_path: Path, mqguard_unique_name: str) -> None:
+    """MQTT 5 (topic = address): a producer that sets no id is deduplicated by content,
+    and the consumer sees the content id as the _AMQ_DUPL_ID user property."""
+    url = mqguard_mosquitto_server.urls["mqtt"]
+    name = mqguard_unique_name
+    with Guard(parse_config(config_of(tmp_path, mqguard_redis_url, name))) as guard:
+        sink = Collector(url, name, guard)
+        time.sleep(0.5)  # the subscription is in place before the first publish
+        with GuardedProducer(open_adapter(url), guard) as device:
+            sent = [device.send(name, body).sent
+                    for body in (b"t=21", b"t=21", b"t=22", b"t=21")]
+        got = sink.wait(2)
+        guard.events.flush()
+    assert sent == [True, False, True, False]
+    assert sorted(m.body for m in got) == [b"t=21", b"t=22"]
+    assert sorted(m.duplicate_id or "" for m in got) == sorted(
+        [content_id(b"t=21", {}), content_id(b"t=22", {})])
+    assert rejected_ids(tmp_path) == [content_id(b"t=21", {})] * 2
+
+
 @pytest.fixture
 def sidecar(request: pytest.FixtureRequest, tmp_path: Path, mqguard_redis_url: str,
             mqguard_unique_name: str) -> Iterator[SidecarThread]:
     config = parse_config(config_of(tmp_path, mqguard_redis_url, mqguard_unique_name))
-    server = request.getfixturevalue(f"mqguard_{request.param}_server")
+    kind, plane = request.param
+    server = request.getfixturevalue(f"mqguard_{kind}_server")
     with SidecarThread(Sidecar(config, parse_upstream(server.urls["stomp"]),
-                               admin=("127.0.0.1", 0))) as running:
+                               admin=("127.0.0.1", 0)), data_plane=plane) as running:
+        if plane == "native":
+            assert running.sidecar.native is not None
         yield running
 
 
