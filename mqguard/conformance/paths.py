@@ -135,7 +135,8 @@ def sidecar_path(kind: str, url: str, timing: Timing = DEFAULT_TIMING,
             with SidecarThread(sidecar) as running:
                 client = StompEndpoint("127.0.0.1", running.port, *_LOGIN)
                 plan = StompPlan(client, broker, fail_as,
-                                 _targets(scenario, address, artemis=False))
+                                 _targets(scenario, address, artemis=False),
+                                 rabbitmq=kind == "rabbitmq")
                 return run_stomp_scenario(plan, address, scenario, timing)
 
     return ConformancePath(f"sidecar-{kind}", run)
@@ -149,7 +150,8 @@ def wrapper_path(kind: str, url: str, timing: Timing = DEFAULT_TIMING,
     def run(scenario: Scenario, address: str) -> Observation:
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
             plan = StompPlan(broker, broker, "nack",
-                             _targets(scenario, address, artemis=False))
+                             _targets(scenario, address, artemis=False),
+                             rabbitmq=kind == "rabbitmq")
             return run_wrapper_scenario(url, plan, address, scenario, Path(tmp), timing)
 
     return ConformancePath(f"wrapper-{kind}", run, wrappers=True)

@@ -26,6 +26,7 @@ __all__ = [
     "Target",
     "Timing",
     "collect_moved",
+    "collect_wait",
     "key_of",
     "moved_from",
     "run_stomp_scenario",
@@ -40,7 +41,8 @@ FailAs = Literal["nack", "disconnect"]
 class Timing:
     """The waits of a run. A consumer is done when no message came for ``idle_s`` (plus
     twice the redelivery delay); a dead-letter or expiry queue when none came for
-    ``collect_idle_s``. ``max_deliveries`` bounds a consumer that never settles."""
+    ``collect_idle_s`` (see :func:`collect_wait`). ``max_deliveries`` bounds a consumer
+    that never settles."""
 
     idle_s: float = 1.0
     #: Pause between dropping a connection and reconnecting: Artemis hands the message back
@@ -48,6 +50,10 @@ class Timing:
     #: first (seen here: the redelivery position then depends on timing).
     reconnect_pause_s: float = 0.3
     collect_idle_s: float = 0.8
+    #: The same for the expiry queue on RabbitMQ, when messages are expected to expire:
+    #: RabbitMQ expires a message itself (at the queue head, when it gets to it) into the
+    #: holding queue, and the reaper moves it from there on its next scan.
+    rabbitmq_expiry_idle_s: float = 3.0
     max_deliveries: int = 60
 
 
@@ -73,6 +79,18 @@ class StompPlan:
     fail_as: FailAs
     #: Where moved messages are read: dead letters ("dla") and expired messages ("exp").
     targets: tuple[Target, ...]
+    #: The broker behind is RabbitMQ (expired messages take longer to move).
+    rabbitmq: bool = False
+
+
+def collect_wait(timing: Timing, scenario: Scenario, rabbitmq: bool) -> float:
+    """How long a dead-letter / expiry queue must be idle before it is taken as read."""
+    s = scenario.settings
+    expiring = s.expiry != "none" and (s.expiry_delay >= 0 or any(
+        x.ttl == "short" for b in scenario.batches for x in b.sends))
+    if rabbitmq and expiring:
+        return max(timing.collect_idle_s, timing.rabbitmq_expiry_idle_s)
+    return timing.collect_idle_s
 
 
 #: The waits used unless a caller gives others.
@@ -202,7 +220,7 @@ def run_stomp_scenario(plan: StompPlan, address: str, scenario: Scenario,
             if not target.early:
                 collector.subscribe(target.destination, target.sub_id, prefetch_1=False)
         collect_moved(collector, {t.sub_id: into[t.sub_id] for t in plan.targets},
-                      timing.collect_idle_s, obs.strays)
+                      collect_wait(timing, scenario, plan.rabbitmq), obs.strays)
     finally:
         collector.close()
     return obs

@@ -26,6 +26,7 @@ from mqguard.conformance.stomp_runner import (
     StompPlan,
     Timing,
     collect_moved,
+    collect_wait,
     key_of,
     wait_out_short_ttls,
 )
@@ -98,7 +99,7 @@ def run_wrapper_scenario(url: str, plan: StompPlan, address: str, scenario: Scen
                 if not target.early:
                     collector.subscribe(target.destination, target.sub_id, prefetch_1=False)
             collect_moved(collector, {t.sub_id: into[t.sub_id] for t in plan.targets},
-                          timing.collect_idle_s, obs.strays)
+                          collect_wait(timing, scenario, plan.rabbitmq), obs.strays)
         finally:
             collector.close()
     return obs

@@ -8,7 +8,8 @@ values of ``_AMQ_ORIG_MESSAGE_ID`` / ``_AMQ_ACTUAL_EXPIRY`` are not compared (on
 are there); the order inside a dead-letter or expiry queue is not compared; a delayed
 redelivery must come, not at a given time; a consumer is done after 1 s (plus twice the
 redelivery delay) without a message; a "short" TTL (300 ms) is waited out plus 300 ms before
-consuming. ``mqguard conformance --examples N`` runs more.
+consuming; an expiry queue on RabbitMQ is read until idle for 3 s when messages expire.
+``mqguard conformance --examples N`` runs more.
 
 The deviation tests pin each documented difference on Artemis and on mqguard side by side.
 """
