@@ -127,7 +127,7 @@ class DeadLetterDepth(Collector):
         depth = GaugeMetricFamily("mqguard_dla_depth", "Messages in a dead-letter or expiry "
                                   "address: the broker's count when it was last taken plus "
                                   "what the sidecar moved there since.", labels=["address"])
-        total = CounterMetricFamily("mqguard_dla_moved", "Copies the sidecar moved to a "
+        total = CounterMetricFamily("mqguard_dla_moved_total", "Copies the sidecar moved to a "
                                     "dead-letter or expiry address.", labels=["address"])
         for address in addresses:
             depth.add_metric([address], self.depth(address))
