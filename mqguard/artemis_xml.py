@@ -17,6 +17,7 @@ what ``mqguard.toml`` says.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from xml.sax.saxutils import escape, quoteattr
@@ -25,6 +26,7 @@ from mqguard.config import MqguardConfig
 from mqguard.settings import AddressSettingsTable
 
 __all__ = [
+    "ADDRESS_SETTINGS_WITHOUT_ARTEMIS",
     "CORE_ELEMENTS",
     "MANAGEMENT_ADDRESS_SETTING",
     "SEMANTIC_NOTES",
@@ -69,6 +71,12 @@ MANAGEMENT_ADDRESS_SETTING = """<address-setting match="activemq.management#">
    <auto-create-addresses>true</auto-create-addresses>
 </address-setting>"""
 
+#: Address-settings keys that are mqguard's extensions (content-based duplicate ids):
+#: Artemis's schema has no such element and refuses a broker.xml that has one, so they are
+#: listed in the notes instead of rendered.
+ADDRESS_SETTINGS_WITHOUT_ARTEMIS: frozenset[str] = frozenset(
+    {"duplicate-id-from", "duplicate-id-headers"})
+
 # [mqguard] keys with no Artemis counterpart, in the order the notes list them.
 _CORE_ONLY: tuple[str, ...] = ("node_id", "store", "disabled_plugins", "event_log", "sidecar",
                                "groups")
@@ -90,7 +98,8 @@ def _entry(match: str, table: AddressSettingsTable) -> _Entry:
     # Only what the table writes: Artemis merges address settings by match specificity
     # just as mqguard does, so unset values must stay unset on both sides.
     values = [(name.replace("_", "-"), _xml_value(value))
-              for name, value in table.model_dump(exclude_none=True).items()]
+              for name, value in table.model_dump(exclude_none=True).items()
+              if name.replace("_", "-") not in ADDRESS_SETTINGS_WITHOUT_ARTEMIS]
     return _Entry(match, values)
 
 
@@ -133,6 +142,10 @@ def not_rendered(config: MqguardConfig) -> list[str]:
     """The settings ``config`` sets that have no Artemis counterpart (not rendered)."""
     notes = [f"[mqguard] {name.replace('_', '-')}"
              for name in _CORE_ONLY if name in config.core.model_fields_set]
+    notes += [f"[address-settings.{json.dumps(match)}] {name.replace('_', '-')}"
+              for match, table in config.address_settings.items()
+              for name in table.model_dump(exclude_none=True)
+              if name.replace("_", "-") in ADDRESS_SETTINGS_WITHOUT_ARTEMIS]
     notes += [f"[plugins.{name}]" for name in config.plugins]
     return notes
 

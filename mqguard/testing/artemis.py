@@ -15,10 +15,6 @@ fails it when ``CI`` is set; the state dir (logs included) is kept when a test f
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,54 +24,22 @@ import pytest
 from mqguard.config import MqguardConfig
 from mqguard.servers import (
     ServerHandle,
-    ServerUnavailable,
     reload_artemis_config,
     start_artemis,
 )
+from mqguard.testing.serving import adopt, serve, summarize
 
 __all__ = ["mqguard_artemis_config", "mqguard_artemis_server"]
 
 #: What ``mqguard_artemis_config`` yields: give the session broker a configuration.
 ApplyConfig = Callable[[MqguardConfig | str | Path | None], None]
 
-# Handles started here, so that an interpreter exit that skips fixture teardown still does
-# not leave a JVM behind.
-_started: list[ServerHandle] = []
-_kept_state_dirs: list[str] = []
-
-
-def _stop_all() -> None:
-    for handle in _started:
-        with contextlib.suppress(Exception):
-            handle.stop()
-
-
-atexit.register(_stop_all)
-
 
 @pytest.fixture(scope="session")
 def mqguard_artemis_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """Artemis 2.40 with stomp/mqtt/core URLs (anonymous, or mqguard/mqguard); STOMP
     ``/queue/X`` is the anycast address ``X``; log in ``log_path``."""
-    try:
-        handle = start_artemis()
-    except ServerUnavailable as exc:
-        reason = f"artemis server unavailable: {exc}"
-        if os.environ.get("CI"):
-            pytest.fail(f"required server unavailable in CI: {reason}", pytrace=False)
-        pytest.skip(reason)
-    _started.append(handle)
-    try:
-        yield handle
-    finally:
-        try:
-            handle.stop()
-        finally:
-            _started.remove(handle)
-            if os.environ.get("MQGUARD_KEEP_STATE") or request.session.testsfailed:
-                _kept_state_dirs.append(f"artemis: {handle.state_dir}")
-            else:
-                shutil.rmtree(handle.state_dir, ignore_errors=True)
+    yield from serve(adopt(start_artemis, "artemis server"), request)
 
 
 @pytest.fixture
@@ -95,8 +59,5 @@ def mqguard_artemis_config(mqguard_artemis_server: ServerHandle) -> Iterator[App
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """List the kept Artemis state dir (its log explains failures)."""
-    if _kept_state_dirs:
-        terminalreporter.write_sep("-", "mqguard Artemis state dir (logs) kept")
-        for line in _kept_state_dirs:
-            terminalreporter.write_line(line)
+    """List the kept state dirs (the Artemis log explains failures)."""
+    summarize(terminalreporter)

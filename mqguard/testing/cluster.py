@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from mqguard.servers import ServerHandle
-from mqguard.testing.pytest_plugin import _provide, _release
+from mqguard.testing.serving import provide, serve
 
 __all__ = ["mqguard_activemq_pair", "mqguard_activemq_second"]
 
@@ -21,11 +21,7 @@ __all__ = ["mqguard_activemq_pair", "mqguard_activemq_second"]
 @pytest.fixture(scope="session")
 def mqguard_activemq_second(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     """A second ActiveMQ Classic, independent of ``mqguard_activemq_server``."""
-    handle = _provide("activemq")
-    try:
-        yield handle
-    finally:
-        _release(handle, request.session)
+    yield from serve(provide("activemq"), request)
 
 
 @pytest.fixture(scope="session")

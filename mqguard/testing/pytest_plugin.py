@@ -23,26 +23,15 @@ a test failed, and their paths are printed in the terminal summary).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
-from mqguard.servers import (
-    ServerHandle,
-    ServerUnavailable,
-    docker_available,
-    start,
-    start_in_docker,
-    start_redis,
-)
-from mqguard.servers.docker import DOCKER_KINDS
+from mqguard.servers import ServerHandle, start_redis
+from mqguard.testing.serving import adopt, provide, serve, summarize
 
 __all__ = [
     "mqguard_activemq_server",
@@ -56,69 +45,8 @@ __all__ = [
     "mqguard_unique_name",
 ]
 
-# Every handle this plugin started, so that an interpreter exit that skips fixture teardown
-# (e.g. pytest.exit from a hook, or an internal error) still does not leak servers.
-_started: list[ServerHandle] = []
-_kept_state_dirs: list[str] = []
-
-
-def _stop_all() -> None:
-    for handle in _started:
-        with contextlib.suppress(Exception):
-            handle.stop()
-
-
-atexit.register(_stop_all)
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"required server unavailable in CI: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-def _provide(kind: str, **kw: Any) -> ServerHandle:
-    docker_error = ""
-    if not kw and kind in DOCKER_KINDS and docker_available():
-        try:
-            handle = start_in_docker(kind)
-        except ServerUnavailable as exc:
-            # An engine that answers pings may still be unable to pull images; the local
-            # launchers are a complete fallback, so try them before giving up.
-            docker_error = f" (docker failed first: {exc})"
-        else:
-            _started.append(handle)
-            return handle
-    try:
-        handle = start(kind, **kw)
-    except ServerUnavailable as exc:
-        _unavailable(f"{kind} server unavailable: {exc}{docker_error}")
-    _started.append(handle)
-    return handle
-
-
-def _release(handle: ServerHandle, session: pytest.Session) -> None:
-    try:
-        handle.stop()
-        # A restart in the same state dir (see mqguard_fresh_redis_server) leaves the newest server
-        # in handle.json; stop that one too.
-        with contextlib.suppress(ServerUnavailable, OSError, ValueError):
-            ServerHandle.load(handle.state_dir).stop()
-    finally:
-        if handle in _started:
-            _started.remove(handle)
-        if os.environ.get("MQGUARD_KEEP_STATE") or session.testsfailed:
-            _kept_state_dirs.append(f"{handle.kind}: {handle.state_dir}")
-        else:
-            shutil.rmtree(handle.state_dir, ignore_errors=True)
-
-
 def _server(kind: str, request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
-    handle = _provide(kind)
-    try:
-        yield handle
-    finally:
-        _release(handle, request.session)
+    yield from serve(provide(kind), request)
 
 
 @pytest.fixture(scope="session")
@@ -186,15 +114,7 @@ def mqguard_fresh_redis_server(request: pytest.FixtureRequest) -> Iterator[Serve
     Restart it with :func:`mqguard.servers.restart_redis` (same state dir and port, data kept);
     the fixture also stops the restarted server.
     """
-    try:
-        handle = start_redis(appendonly=True)
-    except ServerUnavailable as exc:
-        _unavailable(f"redis server unavailable: {exc}")
-    _started.append(handle)
-    try:
-        yield handle
-    finally:
-        _release(handle, request.session)
+    yield from serve(adopt(lambda: start_redis(appendonly=True), "redis server"), request)
 
 
 _UNSAFE = re.compile(r"[^a-z0-9]+")
@@ -214,7 +134,4 @@ def mqguard_unique_name(request: pytest.FixtureRequest) -> str:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """List kept server state dirs (their logs explain failures)."""
-    if _kept_state_dirs:
-        terminalreporter.write_sep("-", "mqguard server state dirs (logs) kept")
-        for line in _kept_state_dirs:
-            terminalreporter.write_line(line)
+    summarize(terminalreporter)

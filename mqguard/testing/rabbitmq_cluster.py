@@ -16,25 +16,15 @@ in the terminal summary.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
-from typing import NoReturn
 
 import pytest
 
 from mqguard.servers import ServerUnavailable
 from mqguard.servers.rabbitmq_cluster import RabbitMQCluster, start_rabbitmq_cluster
+from mqguard.testing.serving import keep_or_remove, summarize, unavailable
 
 __all__ = ["mqguard_rabbitmq_cluster", "mqguard_rabbitmq_cluster_module"]
-
-_kept: list[str] = []
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI"):
-        pytest.fail(f"required server unavailable in CI: {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,7 @@ def mqguard_rabbitmq_cluster_module(request: pytest.FixtureRequest) -> Iterator[
     try:
         handle = start_rabbitmq_cluster()
     except ServerUnavailable as exc:
-        _unavailable(f"rabbitmq cluster unavailable: {exc}")
+        unavailable(f"rabbitmq cluster unavailable: {exc}")
     failed_before = request.session.testsfailed
     try:
         yield RabbitMQCluster(handle)
@@ -51,11 +41,8 @@ def mqguard_rabbitmq_cluster_module(request: pytest.FixtureRequest) -> Iterator[
         try:
             handle.stop()
         finally:
-            failed = request.session.testsfailed > failed_before
-            if os.environ.get("MQGUARD_KEEP_STATE") or failed:
-                _kept.append(str(handle.state_dir))
-            else:
-                shutil.rmtree(handle.state_dir, ignore_errors=True)
+            keep_or_remove("rabbitmq-cluster", handle.state_dir,
+                           request.session.testsfailed > failed_before)
 
 
 @pytest.fixture
@@ -69,13 +56,10 @@ def mqguard_rabbitmq_cluster(mqguard_rabbitmq_cluster_module: RabbitMQCluster) -
             try:
                 cluster.restart_node(index)
             except ServerUnavailable as exc:
-                _unavailable(f"rabbitmq cluster node {index} did not come back: {exc}")
+                unavailable(f"rabbitmq cluster node {index} did not come back: {exc}")
     return cluster
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Name the state dirs kept for inspection."""
-    if _kept:
-        terminalreporter.write_sep("-", "mqguard RabbitMQ cluster state kept")
-        for path in _kept:
-            terminalreporter.write_line(f"rabbitmq-cluster: {path}")
+    summarize(terminalreporter)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mqguard_tests.artemis_stomp import artemis_stomp
 
-from mqguard.artemis_xml import CORE_ELEMENTS
+from mqguard.artemis_xml import ADDRESS_SETTINGS_WITHOUT_ARTEMIS, CORE_ELEMENTS
 from mqguard.servers import ServerHandle
 from mqguard.servers.artemis_dist import artemis_home
 from mqguard.settings import AddressSettingsTable
@@ -31,12 +31,19 @@ def xsd_elements(type_name: str) -> set[str]:
 
 
 @pytest.mark.parametrize("name", [f.replace("_", "-")
-                                  for f in AddressSettingsTable.model_fields])
+                                  for f in AddressSettingsTable.model_fields
+                                  if f.replace("_", "-") not in ADDRESS_SETTINGS_WITHOUT_ARTEMIS])
 def test_every_address_settings_key_is_an_artemis_element(
         mqguard_artemis_server: ServerHandle, name: str) -> None:
     # The rendering writes each key under its own name: that is only right while Artemis's
     # schema knows every one of them.
     assert name in xsd_elements("addressSettingType")
+
+
+def test_the_extensions_are_exactly_the_keys_artemis_lacks(
+        mqguard_artemis_server: ServerHandle) -> None:
+    keys = {f.replace("_", "-") for f in AddressSettingsTable.model_fields}
+    assert keys - xsd_elements("addressSettingType") == ADDRESS_SETTINGS_WITHOUT_ARTEMIS
 
 
 def test_the_core_elements_are_artemis_elements(mqguard_artemis_server: ServerHandle) -> None:

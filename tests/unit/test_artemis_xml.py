@@ -79,6 +79,17 @@ def test_settings_without_an_artemis_counterpart_are_named() -> None:
     assert SEMANTIC_NOTES["auto-create-dead-letter-resources"] in text
 
 
+def test_content_duplicate_ids_are_named_not_rendered() -> None:
+    dedup = parse_config({"address-settings": {"sensors.#": {
+        "duplicate-id-from": "content", "duplicate-id-headers": ["device"],
+        "max-delivery-attempts": 3}}}, "mqguard.toml")
+    text = render_broker_xml(dedup)
+    assert entries(ET.fromstring(text.split("\n", 1)[1])) == {
+        "sensors.#": {"max-delivery-attempts": "3"}}
+    assert not_rendered(dedup) == ['[address-settings."sensors.#"] duplicate-id-from',
+                                   '[address-settings."sensors.#"] duplicate-id-headers']
+
+
 def test_special_characters_are_escaped() -> None:
     cfg = parse_config({"address-settings": {'a"<b>&.#': {"dead-letter-address": "x&<y>"}}})
     core = ET.fromstring(render_broker_xml(cfg).split("\n", 1)[1])
