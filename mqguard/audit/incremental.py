@@ -13,10 +13,15 @@ The state directory remembers:
   with an event after the watermark;
 - ``open_keys/``: their ids (a carried event may also name a closed message: the
   closed original of a copy still open, which rides along unjudged);
-- ``closed/``: the ids of the messages closed so far (with the first and last audited
-  file that holds their events), and ``findings/`` their
-  findings, which no later watermark changes: only a message's own events decide
-  them once it has a fate.
+- ``closed/``: the ids of the messages closed so far, with the first and last audited
+  file that holds their events: one Parquet part per run (``run=N``, listed in
+  ``state.json``), written once and never rewritten, so a run's cost does not grow with
+  the history it closed. A message judged again in a later run gets a row in that
+  run's part too; a reader takes the widest span of its rows and ignores ids open
+  now. Past :data:`CLOSED_PARTS_BOUND` parts they are compacted into one (one row
+  per id);
+- ``findings/``: the closed messages' findings, which no later watermark changes: only a
+  message's own events decide them once it has a fate.
 
 A run reads the new files plus ``open/``: the audit proper
 (:func:`mqguard.audit.runner.run_audit`) sees every event of every message it judges,
@@ -60,9 +65,12 @@ from mqguard.audit.events import (
 from mqguard.audit.runner import AuditOptions, AuditResult, run_audit
 from mqguard.audit.summary import class_counts, read_findings, write_summary
 
-__all__ = ["STATE_VERSION", "FileMark", "StateError", "mark_file", "run_incremental"]
+__all__ = ["CLOSED_PARTS_BOUND", "STATE_VERSION", "FileMark", "StateError", "mark_file",
+           "run_incremental"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+#: Closed-id parts kept before a run compacts them into one (bounds the files read).
+CLOSED_PARTS_BOUND = 8
 STATE_FILE = "state.json"
 #: Bytes hashed at each end of a file: a rewrite changes its size, time or one end.
 HASHED_BYTES = 64 * 1024
@@ -171,6 +179,35 @@ def _write_one_file(frame: DataFrame, directory: str) -> str | None:
     return None
 
 
+def _row_count(path: str | None) -> int:
+    """Rows of one Parquet file from its footer (no Spark job)."""
+    import pyarrow.parquet as pq
+
+    return 0 if path is None else int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def _spans(closed: DataFrame) -> DataFrame:
+    """One row per closed id: the widest span of its rows (every file that holds an
+    event of it lies between its first and last)."""
+    return closed.groupBy("key").agg(F.min("first_rank").alias("first_rank"),
+                                     F.max("last_rank").alias("last_rank"))
+
+
+def _read_closed(spark: SparkSession, closed_dir: str, runs: Sequence[int],
+                 open_keys_dir: str) -> DataFrame | None:
+    """The closed ids of the listed parts, one row each, without the ids open now."""
+    paths = [os.path.join(closed_dir, f"run={r}") for r in runs]
+    if not paths:
+        return None
+    closed = (spark.read.option("basePath", closed_dir).parquet(*paths)
+              .select("key", "first_rank", "last_rank"))
+    if len(paths) > 1:
+        closed = _spans(closed)
+    if os.path.isdir(open_keys_dir):
+        closed = closed.join(spark.read.parquet(open_keys_dir), "key", "left_anti")
+    return closed
+
+
 def _has_rows(directory: str, name: str) -> bool:
     import pyarrow.parquet as pq
 
@@ -237,8 +274,9 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
         # Messages closed earlier that the new events touch are read again.
         reopened = files_read_again = 0
         prior = [carried.select(*AUDIT_FIELDS, "g_rank", "g_row")] if carried is not None else []
-        if fresh is not None and state and os.path.isdir(closed_dir):
-            closed = spark.read.parquet(closed_dir)
+        closed_runs: list[int] = list(state.get("closed_runs", [])) if state else []
+        closed = _read_closed(spark, closed_dir, closed_runs, open_keys_dir)
+        if fresh is not None and closed is not None:
             touched = (_with_keys(fresh).select("key").distinct().join(closed, "key"))
             touched = touched.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(touched)
@@ -311,15 +349,19 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
         still_open = (keyed.join(open_keys, "key", "left_semi").drop("key")
                       .dropDuplicates(["g_rank", "g_row"]))
         new_open = os.path.join(work, "open")
-        _write_one_file(still_open, new_open)
-        open_events = spark.read.parquet(new_open).count()
+        open_file = _write_one_file(still_open, new_open)
+        open_events = _row_count(open_file)
 
+        # Append-only: this run's closed ids are a new part; the earlier parts stay as
+        # they are (an id judged again here, now open, is masked by open_keys/ on reading).
+        run_id = max(closed_runs, default=0) + 1
         closed_now = per_key.filter("NOT open").select("key", "first_rank", "last_rank")
-        if state and os.path.isdir(closed_dir):
-            # Judged here, open or closed again: this run's row replaces the earlier one.
-            closed_now = (spark.read.parquet(closed_dir)
-                          .join(per_key.select("key"), "key", "left_anti")
-                          .unionByName(closed_now))
+        if len(closed_runs) + 1 > CLOSED_PARTS_BOUND and closed is not None:
+            closed_now = _spans(closed.unionByName(closed_now)).join(
+                open_keys, "key", "left_anti")
+            runs_out = [run_id]
+        else:
+            runs_out = [*closed_runs, run_id]
         new_closed = os.path.join(work, "closed")
         closed_now.write.parquet(new_closed)
 
@@ -357,8 +399,10 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
         write_summary(summary, options.out)
 
         for source_dir, target in ((new_open, open_dir), (new_open_keys, open_keys_dir),
-                                   (new_closed, closed_dir), (new_kept, kept_dir)):
+                                   (new_kept, kept_dir)):
             _replace(source_dir, target)
+        os.makedirs(closed_dir, exist_ok=True)
+        _replace(new_closed, os.path.join(closed_dir, f"run={run_id}"))
         with open(os.path.join(state_dir, "summary.json"), "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=2)
         _save_state(state_dir, {
@@ -366,7 +410,11 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
             "files": [vars(m) for m in
                       ([FileMark(**e) for e in state["files"]] if state else []) + marks],
             "watermark": watermark, "last_ts": last_ts, "settings": settings,
-            "drained": drained_out, "open_events": open_events})
+            "drained": drained_out, "open_events": open_events, "closed_runs": runs_out})
+        # Parts compacted away (or left by an interrupted run) are no longer listed.
+        for name in os.listdir(closed_dir):
+            if name not in {f"run={r}" for r in runs_out}:
+                shutil.rmtree(os.path.join(closed_dir, name), ignore_errors=True)
         return AuditResult(summary, drained_out)
     finally:
         for frame in cached:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from mqguard_tests.planted import CONFIG, plant
 from mqguard_tests.synthetic import Cluster
 
+from mqguard.audit import incremental
 from mqguard.audit.incremental import StateError, run_incremental
 from mqguard.audit.runner import AuditOptions, run_audit
 from mqguard.audit.summary import read_findings
@@ -150,3 +151,39 @@ def test_cli_refuses_state_with_redis(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["audit", str(tmp_path), "--state", str(tmp_path / "s"),
                                        "--redis", "redis://127.0.0.1:1"])
     assert result.exit_code == 2 and "--state audits the event log only" in result.output
+
+
+def test_closed_ids_are_appended_per_run_and_compacted_past_the_bound(
+        spark: Any, planted: tuple[Path, int, list[Path]], full: set[tuple[str, str]],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state dir from many runs: each run adds one closed-id part and leaves the earlier
+    ones as they were; past the bound they are compacted into one, one row per id, and
+    the findings stay a full audit's."""
+    monkeypatch.setattr(incremental, "CLOSED_PARTS_BOUND", 2)
+    _, watermark, files = planted
+    cuts = sorted({max(1, len(files) * k // 6) for k in range(1, 6)} - {len(files)})
+    inbox, state, out = tmp_path / "inbox", tmp_path / "state", tmp_path / "out"
+    inbox.mkdir()
+    parts_seen: list[list[str]] = []
+    mtimes: dict[str, int] = {}
+    for n, end in enumerate([*cuts, len(files)]):
+        for path in files[:end]:
+            if not (inbox / path.name).exists():
+                os.link(path, inbox / path.name)
+        at = watermark if n == len(cuts) else min(watermark, _last_ts(files[:end]) - 10)
+        run_incremental(spark, AuditOptions([str(inbox)], out=str(out), config=CONFIG,
+                                            watermark=at, html=False), str(state))
+        parts = sorted(os.listdir(state / "closed"))
+        recorded = json.loads((state / "state.json").read_text())["closed_runs"]
+        assert parts == sorted(f"run={r}" for r in recorded)
+        assert len(parts) <= 2
+        for name in parts:
+            # A part is written once: the parts a run keeps are untouched by it.
+            stamp = (state / "closed" / name).stat().st_mtime_ns
+            assert mtimes.setdefault(name, stamp) == stamp
+        if len(parts) == 1:
+            keys = pq.read_table(state / "closed" / parts[0], columns=["key"]).column("key")
+            assert len(keys) == len(set(keys.to_pylist()))
+        parts_seen.append(parts)
+    assert len(cuts) >= 3 and any(len(p) == 1 and p != parts_seen[0] for p in parts_seen[2:])
+    assert _found(spark, out) == full
