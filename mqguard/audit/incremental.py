@@ -20,8 +20,9 @@ The state directory remembers:
   run's part too; a reader takes the widest span of its rows and ignores ids open
   now. Past :data:`CLOSED_PARTS_BOUND` parts they are compacted into one (one row
   per id);
-- ``findings/``: the closed messages' findings, which no later watermark changes: only a
-  message's own events decide them once it has a fate.
+- ``findings/``: the last run's findings: a closed message's, which no later watermark
+  changes (only a message's own events decide them once it has a fate), and an open
+  one's, which the next run drops as it judges that message again.
 
 A run reads the new files plus ``open/``: the audit proper
 (:func:`mqguard.audit.runner.run_audit`) sees every event of every message it judges,
@@ -376,10 +377,9 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
             every = mine
         combined = os.path.join(work, "findings")
         every.write.partitionBy("class").parquet(combined)
-        keep = read_findings(spark, combined).join(
-            open_keys.select(F.col("key").alias("message_id")), "message_id", "left_anti")
-        new_kept = os.path.join(work, "kept")
-        keep.write.partitionBy("class").parquet(new_kept)
+        # Kept as written: an open message's findings are dropped by the next run, which
+        # judges it again (its id is in open_keys/), so they need no second pass here.
+        new_kept = combined
 
         drained_out = dict(drained)
         for address, at in result.drained.items():
