@@ -14,16 +14,15 @@ machine, measured once and cached beside the distribution.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
 import subprocess
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
+from mqguard.servers.filelock import file_lock
 from mqguard.servers.handle import ServerUnavailable
 from mqguard.servers.install import cache_dir, find_binary
 
@@ -72,22 +71,11 @@ def artemis_home() -> Path:
     home = root / f"apache-artemis-{ARTEMIS_VERSION}"
     if _cli(home).is_file():
         return home
-    with _file_lock(root / ".lock"):
+    with file_lock(root / ".lock"):
         # Another process (a parallel test worker) may have finished while we waited.
         if not _cli(home).is_file():
             _fetch(root, home)
     return home
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _fetch(root: Path, home: Path) -> None:
@@ -147,7 +135,7 @@ def journal_buffer_timeout(home: Path, env: dict[str, str]) -> str:
     cached = cache_dir() / "artemis" / f"journal-buffer-timeout-{ARTEMIS_VERSION}"
     with contextlib.suppress(OSError):
         return _checked(cached.read_text().strip())
-    with _file_lock(cached.parent / ".lock"):
+    with file_lock(cached.parent / ".lock"):
         with contextlib.suppress(OSError):
             return _checked(cached.read_text().strip())
         with tempfile.TemporaryDirectory(prefix="mqguard-artemis-tune-") as tmp:

@@ -18,7 +18,6 @@ from Maven Central once into the same cache (:mod:`mqguard.servers.artemis_dist`
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from mqguard.servers.filelock import file_lock
 from mqguard.servers.handle import ServerUnavailable
 
 __all__ = [
@@ -220,17 +220,6 @@ def ensure_installed(kinds: Iterable[str] = KINDS) -> None:
             artemis_home()
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def mqtt_codec_jars() -> list[Path]:
     """Paths of the MQTT codec jars ActiveMQ's MQTT connector needs, fetching them if needed.
 
@@ -245,7 +234,7 @@ def mqtt_codec_jars() -> list[Path]:
     jars = [target / name for name in _CODEC_JARS]
     if all(p.is_file() for p in jars):
         return jars
-    with _file_lock(cache_dir() / "activemq-mqtt-jars.lock"):
+    with file_lock(cache_dir() / "activemq-mqtt-jars.lock"):
         if all(p.is_file() for p in jars):
             return jars
         _fetch_codec_jars(target)
