@@ -86,8 +86,9 @@ class SidecarConfig(_Section):
     native_expiry: bool = False
     #: Who owns the sockets: ``python`` (asyncio protocols) or ``native`` (the Rust
     #: extension's tokio runtime; docs/sidecar.md, "Data planes"). The session logic
-    #: is the same on both.
-    data_plane: Literal["python", "native"] = "python"
+    #: is the same on both. ``native-session`` (experimental) runs the session logic in
+    #: the runtime too, the guard called once per read batch.
+    data_plane: Literal["python", "native", "native-session"] = "python"
 
 
 #: Artemis ``MessageLoadBalancingType`` values (cluster-connection ``message-load-balancing``).

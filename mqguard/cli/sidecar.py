@@ -64,8 +64,9 @@ class JsonLogFormatter(logging.Formatter):
                    "auto: uvloop when installed.")
 @click.option("--data-plane", "data_plane", type=click.Choice(DATA_PLANES), default=None,
               help="Who owns the sockets: python (asyncio) or native (the Rust extension's "
-                   "tokio runtime; docs/sidecar.md, \"Data planes\"). Default: "
-                   "[mqguard.sidecar] data-plane (python).")
+                   "tokio runtime; docs/sidecar.md, \"Data planes\"); native-session "
+                   "(experimental): the sessions run in that runtime too, the guard called "
+                   "per read batch. Default: [mqguard.sidecar] data-plane (python).")
 def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
             upstream_insecure: bool, reap_addresses: tuple[str, ...],

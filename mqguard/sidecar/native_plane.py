@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DATA_PLANES", "NativePlane", "native_available"]
 
-#: The values of ``[mqguard.sidecar] data-plane`` / ``--data-plane``.
-DATA_PLANES: Final = ("python", "native")
+#: The values of ``[mqguard.sidecar] data-plane`` / ``--data-plane``; ``native-session``
+#: (experimental) runs whole sessions in the runtime (see native_bridge).
+DATA_PLANES: Final = ("python", "native", "native-session")
 
 log = logging.getLogger("mqguard.sidecar")
 

@@ -56,6 +56,7 @@ from mqguard.sidecar.frames import (
 from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.malloctune import fix_mmap_threshold
 from mqguard.sidecar.metrics import Count, SidecarMetrics
+from mqguard.sidecar.native_bridge import NativeSessions
 from mqguard.sidecar.native_connection import NativeConnection, NativeTransport
 from mqguard.sidecar.native_plane import DATA_PLANES, NativePlane
 from mqguard.sidecar.session import ProxySession
@@ -143,11 +144,13 @@ class Sidecar:
         if self.data_plane not in DATA_PLANES:
             raise ConfigError(f"data-plane must be one of {', '.join(DATA_PLANES)}, "
                               f"got {self.data_plane!r}")
-        if self.data_plane == "native" and tls is not None and tls_files is None:
-            raise ConfigError("data-plane = native serves TLS from the certificate and key "
-                              "files (--tls-cert / --tls-key)")
+        if self.data_plane != "python" and tls is not None and tls_files is None:
+            raise ConfigError(f"data-plane = {self.data_plane} serves TLS from the certificate "
+                              "and key files (--tls-cert / --tls-key)")
         #: The tokio runtime of the native data plane, while it runs.
         self.native: NativePlane | None = None
+        #: The runtime of the native-session data plane, while it runs.
+        self.native_sessions: NativeSessions | None = None
         self.limits = FrameLimits(max_frame_bytes=self.config.max_frame_bytes,
                                   max_header_count=self.config.max_header_count,
                                   max_header_line_bytes=self.config.max_header_line_bytes)
@@ -194,9 +197,9 @@ class Sidecar:
         if data_plane not in DATA_PLANES:
             raise ConfigError(f"data-plane must be one of {', '.join(DATA_PLANES)}, "
                               f"got {data_plane!r}")
-        if data_plane == "native" and self.tls is not None and self.tls_files is None:
-            raise ConfigError("data-plane = native serves TLS from the certificate and key "
-                              "files (--tls-cert / --tls-key)")
+        if data_plane != "python" and self.tls is not None and self.tls_files is None:
+            raise ConfigError(f"data-plane = {data_plane} serves TLS from the certificate "
+                              "and key files (--tls-cert / --tls-key)")
         self.data_plane = data_plane
 
     async def start(self) -> None:
@@ -208,6 +211,8 @@ class Sidecar:
                                        flags=socket.AI_PASSIVE)
         if self.data_plane == "native":
             self._start_native(loop, [str(info[4][0]) for info in infos], port)
+        elif self.data_plane == "native-session":
+            self._start_native_sessions(loop, [str(info[4][0]) for info in infos], port)
         else:
             self._listeners = _listen(infos, port)
             self.port = self._listeners[0].getsockname()[1]
@@ -246,6 +251,9 @@ class Sidecar:
         if self.native is not None:
             self.native.close()
             self.native = None
+        if self.native_sessions is not None:
+            self.native_sessions.close(self.config.drain_timeout_ms / 1000)
+            self.native_sessions = None
         if self._owns_guard:
             await asyncio.to_thread(self.guard.close)
         self._gc.restore()
@@ -297,6 +305,23 @@ class Sidecar:
             plane.close()
             raise
         self.native = plane
+
+    def _start_native_sessions(self, loop: asyncio.AbstractEventLoop, hosts: list[str],
+                               port: int) -> None:
+        """Start the runtime serving whole sessions (see native_bridge)."""
+        sessions = NativeSessions(self, loop)
+        try:
+            self.port = sessions.listen(
+                list(dict.fromkeys(hosts)), port,
+                refusal=_refusal("too many connections: the sidecar is out of file "
+                                 "descriptors; try again later"),
+                limits=self.limits, broker_limits=self.broker_limits,
+                tls_files=self.tls_files if self.tls is not None else None,
+                max_tls_handshakes=self.max_handshakes)
+        except BaseException:
+            sessions.close()
+            raise
+        self.native_sessions = sessions
 
     def _accept_native(self, transport: NativeTransport) -> None:
         assert self.native is not None
@@ -422,6 +447,8 @@ class Sidecar:
     def _stop_listening(self) -> None:
         if self.native is not None:
             self.native.close_listeners()
+        if self.native_sessions is not None:
+            self.native_sessions.close_listeners()
         for task in self._accept_tasks:
             task.cancel()
         self._accept_tasks = []
@@ -480,6 +507,12 @@ class Sidecar:
         task = asyncio.get_running_loop().create_task(self._serve(session))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @property
+    def connection_count(self) -> int:
+        """Client sessions open now, on whichever data plane serves them."""
+        native = self.native_sessions
+        return len(self.sessions) + (native.session_count if native is not None else 0)
 
     def handshake_over(self, session: ProxySession) -> None:
         """``session`` has its CONNECT (or ended without one): no longer a pending handshake."""
@@ -608,6 +641,8 @@ class Sidecar:
                     status, kind, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
                 elif path == "/metrics":
                     status, kind = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                    if self.native_sessions is not None:
+                        self.native_sessions.refresh_metrics()
                     body = self.metrics.render()
                 elif path == "/health":
                     healthy, report = await self.health()
@@ -652,7 +687,7 @@ class Sidecar:
                          "stopping": self._stopping, "upstream_reachable": probe.ok,
                          "upstream_answer": probe.detail,
                          "checked_ms_ago": round((time.monotonic() - probe.at) * 1000),
-                         "connections": len(self.sessions), "upstream": self.upstream.where}
+                         "connections": self.connection_count, "upstream": self.upstream.where}
 
 
 def _refusal(reason: str) -> bytes:

@@ -44,13 +44,7 @@ from mqguard.context import HookContext
 from mqguard.errors import AdapterError, Nack
 from mqguard.events import EventType
 from mqguard.hookcall import observe
-from mqguard.message import (
-    Message,
-    derived_message_id,
-    new_message_id,
-    now_ms,
-    parse_wire_int,
-)
+from mqguard.message import Message, new_message_id
 from mqguard.pipeline import SendResult, TransactionState
 from mqguard.sidecar.connection import FrameConnection, Items, QuickAck
 from mqguard.sidecar.frames import (
@@ -67,6 +61,7 @@ from mqguard.sidecar.frames import (
     wire_of,
     with_plain_header,
 )
+from mqguard.sidecar.guarding import message_of_send
 from mqguard.sidecar.outbox import Outbox
 from mqguard.sidecar.receipts import CHAIN_RECEIPT_PREFIX, ReceiptChain
 from mqguard.sidecar.upstream import UpstreamLeg, ack_headers
@@ -86,9 +81,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mqguard.sidecar")
 
-#: SEND headers that frame the message rather than belong to it.
-_FRAMING_SEND_HEADERS: Final = frozenset({"destination", "receipt", "transaction",
-                                          "content-length"})
 _session_ids = itertools.count(1)
 #: What a SEND's headers say: destination, receipt, transaction, and the message's own
 #: headers (first occurrence of each name; framing headers left out).
@@ -939,26 +931,8 @@ class ProxySession:
 
     def _message_of_send(self, body: bytes, destination: str,
                          headers: dict[str, str]) -> Message:
-        message = Message.from_wire(address_of(destination), body, headers)
-        if message.producer_id is None:
-            message.producer_id = self._producer_id
-            message.sequence = next(self._sequence)
-            if not message.message_id:  # the session's producer id is its own: derive
-                message.message_id = derived_message_id(self._producer_id, message.sequence)
-        # The client's own expiration: STOMP/ActiveMQ ``expires`` (absolute epoch ms) or
-        # RabbitMQ's ``expiration`` (relative ms). It is re-encoded for the broker.
-        expires = headers.get("expires")
-        if expires is not None and (absolute := parse_wire_int(expires)) is not None:
-            message.headers.pop("expires", None)
-            if absolute > 0 and not message.expiration:
-                message.expiration = absolute
-        expiration = headers.get("expiration")
-        if (self.broker == "rabbitmq" and expiration is not None
-                and (relative := parse_wire_int(expiration)) is not None):
-            message.headers.pop("expiration", None)
-            if not message.expiration:
-                message.expiration = now_ms() + relative
-        return message
+        return message_of_send(body, destination, headers, producer_id=self._producer_id,
+                               sequence=self._sequence, broker=self.broker)
 
     def _on_subscribe(self, frame: Frame) -> None:
         destination = frame.get("destination")

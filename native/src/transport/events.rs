@@ -10,6 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use crate::session::GuardBatch;
 use crate::stomp::{FrameError, Item};
 
 /// One thing that happened on a leg (a connection's socket), or on a listener.
@@ -30,6 +31,11 @@ pub enum Event {
     /// A client was refused by the listener itself: "fd" (out of descriptors) or "tls"
     /// (too many TLS handshakes in progress, or one that failed).
     Refused(&'static str),
+    /// A native session's batch for the guard: session id (its client leg), batch id
+    /// (0: nothing is awaited), what to decide (see `session::bridge`).
+    Guard(u64, u64, GuardBatch),
+    /// To a native session's task: work it held a receipt for is done (see `Chain::hold`).
+    Released(u64),
 }
 
 pub struct Events {

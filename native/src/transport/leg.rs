@@ -148,6 +148,9 @@ pub struct Shared {
     /// A plain TCP leg's socket, for writes made when nothing is queued; None for TLS
     /// and once the leg has closed (or is closing).
     direct: Mutex<Option<Arc<TcpStream>>>,
+    /// A leg served by a native session: its reads go to the session's task, not to
+    /// Python's event queue.
+    sink: Mutex<Option<UnboundedSender<Event>>>,
 }
 
 impl Shared {
@@ -165,7 +168,27 @@ impl Shared {
             tx,
             decoder: Mutex::new(decoder),
             direct: Mutex::new(None),
+            sink: Mutex::new(None),
         })
+    }
+
+    /// Hand this leg's reads, end of stream and closing to `sink` from now on.
+    pub fn set_sink(&self, sink: UnboundedSender<Event>) {
+        *self.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// The session task serving this leg, if one does.
+    pub fn sink(&self) -> Option<UnboundedSender<Event>> {
+        self.sink.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn emit(&self, events: &Events, event: Event) {
+        match self.sink() {
+            Some(sink) => {
+                let _ = sink.send(event);
+            }
+            None => events.push(event),
+        }
     }
 
     pub fn set_pause(&self, bit: u8, on: bool) {
@@ -303,7 +326,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         let size = reader.read(&mut buf).await?;
         if size == 0 {
-            events.push(Event::Eof(shared.id));
+            shared.emit(events, Event::Eof(shared.id));
             return Ok(());
         }
         if let Some(socket) = quick_ack {
@@ -322,7 +345,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
         }
         let failed = result.is_err();
-        events.push(Event::Items(shared.id, items, size, result.err()));
+        shared.emit(events, Event::Items(shared.id, items, size, result.err()));
         if failed {
             // A malformed frame: nothing more is read; the session answers and closes.
             shared.set_pause(STOP, true);
@@ -418,5 +441,5 @@ pub async fn run<S: Io + 'static>(
     drop(quick_ack);
     rx.close();
     let error = outcome.map(|e| (e.raw_os_error().unwrap_or(0), e.to_string()));
-    events.push(Event::Closed(shared.id, error));
+    shared.emit(&events, Event::Closed(shared.id, error));
 }

@@ -4,8 +4,8 @@
 
 use pyo3::prelude::*;
 
-mod events;
-mod leg;
+pub(crate) mod events;
+pub(crate) mod leg;
 mod plane;
 mod tls;
 

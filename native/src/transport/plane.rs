@@ -26,6 +26,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use super::events::{Event, Events};
 use super::leg::{self, Io, Shared, PY, STOP};
 use super::tls;
+use crate::session::{self, Bridge, Host, Session, SessionConfig};
 use crate::stomp::{self, Decoder, Limits, Version};
 
 /// How a leg decodes what it reads: (max_frame_bytes, max_header_count,
@@ -61,6 +62,9 @@ impl Decoding {
     }
 }
 
+/// A verdict as Python gives it (see `session::bridge::Verdict`).
+type PyVerdict<'py> = (u8, u64, String, Bound<'py, pyo3::types::PyBytes>);
+
 /// Event kinds, as `drain` returns them (first item of each tuple).
 const ITEMS: u8 = 0;
 const EOF: u8 = 1;
@@ -70,12 +74,17 @@ const CONNECTED: u8 = 4;
 const CONNECT_FAILED: u8 = 5;
 const REFUSED: u8 = 6;
 const MALFORMED: u8 = 7;
+const GUARD: u8 = 8;
 
 struct Inner {
     events: Arc<Events>,
     legs: Mutex<HashMap<u64, Arc<Shared>>>,
     next_id: AtomicU64,
     upstream_tls: Mutex<Option<Arc<ClientConfig>>>,
+    /// Native sessions' guard batches awaiting Python's verdicts.
+    bridge: Bridge,
+    /// Frames the native sessions relayed.
+    tally: Arc<session::FrameTally>,
 }
 
 impl Inner {
@@ -142,6 +151,47 @@ struct Listening {
     /// connections (an idle flood) is then accepted at the pace the sidecar's handshake
     /// budget evicts the oldest of them, as on the asyncio plane, instead of all at once.
     gate: Arc<Semaphore>,
+    /// Clients served by a native session each (`serve_sessions`) instead of Python's.
+    sessions: Option<Arc<SessionSetup>>,
+}
+
+/// Where and how native sessions reach the broker.
+struct SessionSetup {
+    host: String,
+    port: u16,
+    tls: Option<Arc<ClientConfig>>,
+    decoding: Decoding,
+    config: Arc<SessionConfig>,
+}
+
+/// A session's way to the plane: the broker leg it opens, the legs it drops.
+struct SessionHost {
+    inner: Arc<Inner>,
+    setup: Arc<SessionSetup>,
+}
+
+impl Host for SessionHost {
+    fn connect(&self, sink: mpsc::UnboundedSender<Event>) -> session::Connecting {
+        let inner = self.inner.clone();
+        let setup = self.setup.clone();
+        Box::pin(async move {
+            let decoder = setup.decoding.decoder().map_err(|e| e.to_string())?;
+            let upstream = open_upstream(&setup.host, setup.port, setup.tls.clone())
+                .await
+                .map_err(|(_, text, _)| text)?;
+            let (shared, rx) = inner.new_leg(decoder);
+            shared.set_sink(sink);
+            match upstream {
+                Upstream::Plain(tcp) => inner.start_plain(tcp, shared.clone(), rx, true),
+                Upstream::Tls(stream) => inner.start(*stream, shared.clone(), rx, true),
+            }
+            Ok(shared)
+        })
+    }
+
+    fn forget(&self, leg: u64) {
+        self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).remove(&leg);
+    }
 }
 
 /// The sidecar's native data plane: a tokio runtime owning its sockets.
@@ -168,10 +218,13 @@ impl Plane {
         let (wake_read, wake_write) = UnixStream::pair()?;
         wake_read.set_nonblocking(true)?;
         wake_write.set_nonblocking(true)?;
+        let events = Arc::new(Events::new(wake_write));
         Ok(Plane {
             runtime: Mutex::new(Some(runtime)),
             inner: Arc::new(Inner {
-                events: Arc::new(Events::new(wake_write)),
+                bridge: Bridge::new(events.clone()),
+                tally: Arc::default(),
+                events,
                 legs: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 upstream_tls: Mutex::new(None),
@@ -204,66 +257,82 @@ impl Plane {
         max_tls_handshakes: usize,
         handshake_timeout_ms: u64,
     ) -> PyResult<u16> {
-        let tls = match (cert, key) {
-            (Some(cert), Some(key)) => Some(TlsAcceptor::from(
-                tls::server_config(&cert, &key).map_err(PyValueError::new_err)?,
-            )),
-            (None, None) => None,
-            _ => {
-                return Err(PyValueError::new_err(
-                    "TLS needs both a certificate and a key",
-                ))
-            }
-        };
-        let setup = Arc::new(Listening {
-            tls,
-            max_setting_up: max_tls_handshakes.max(1),
-            setting_up: Arc::new(AtomicUsize::new(0)),
-            handshake_timeout: Duration::from_millis(handshake_timeout_ms),
-            refusal,
-            decoding: Decoding {
-                limits,
-                server: false,
-                keep_wire: false,
-            },
-            gate: Arc::new(Semaphore::new(1)),
-        });
-        if setup.tls.is_none() {
-            self.gates
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(setup.gate.clone());
-        }
-        setup.decoding.decoder()?; // invalid limits: an error now, not at each accept
-        let handle = self.handle()?;
-        let _guard = handle.enter();
-        let mut port = port;
-        let mut listeners = Vec::new();
-        for host in hosts {
-            let ip: std::net::IpAddr = host
-                .parse()
-                .map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
-            let addr = SocketAddr::new(ip, port);
-            let socket = if addr.is_ipv4() {
-                TcpSocket::new_v4()?
-            } else {
-                TcpSocket::new_v6()?
-            };
-            socket.set_reuseaddr(true)?;
-            if addr.is_ipv6() {
-                socket2::SockRef::from(&socket).set_only_v6(true)?;
-            }
-            socket.bind(addr)?;
-            let listener = socket.listen(128)?;
-            port = listener.local_addr()?.port();
-            listeners.push(listener);
-        }
-        let mut tasks = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
-        for listener in listeners {
-            tasks.push(handle.spawn(accept_loop(listener, setup.clone(), self.inner.clone())));
-        }
-        Ok(port)
+        let tls = TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms };
+        self.listen_with(hosts, port, refusal, limits, tls, None)
     }
+
+    /// Listen as `listen` does, each client served by a native session of its own
+    /// (handshake, receipts, subscriptions...), the guard called per batch through
+    /// `GUARD` events answered by `verdicts`. `broker_limits`: how the broker's frames
+    /// are decoded; `upstream_where`: the broker's address for error texts.
+    #[pyo3(signature = (hosts, port, refusal, limits, broker_limits, upstream_host, upstream_port, upstream_where, connect_timeout_ms, drain_timeout_ms, upstream_tls = false, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000))]
+    #[allow(clippy::too_many_arguments)]
+    fn serve_sessions(
+        &self,
+        hosts: Vec<String>,
+        port: u16,
+        refusal: Vec<u8>,
+        limits: LimitsTuple,
+        broker_limits: LimitsTuple,
+        upstream_host: String,
+        upstream_port: u16,
+        upstream_where: String,
+        connect_timeout_ms: u64,
+        drain_timeout_ms: u64,
+        upstream_tls: bool,
+        cert: Option<String>,
+        key: Option<String>,
+        max_tls_handshakes: usize,
+        handshake_timeout_ms: u64,
+    ) -> PyResult<u16> {
+        let tls_config = if upstream_tls {
+            let config = self.inner.upstream_tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            Some(config.ok_or_else(|| PyRuntimeError::new_err("upstream TLS not configured"))?)
+        } else {
+            None
+        };
+        let decoding = Decoding { limits: broker_limits, server: true, keep_wire: true };
+        decoding.decoder()?;
+        let setup = Arc::new(SessionSetup {
+            host: upstream_host,
+            port: upstream_port,
+            tls: tls_config,
+            decoding,
+            config: Arc::new(SessionConfig {
+                tally: self.inner.tally.clone(),
+                connect_timeout: Duration::from_millis(connect_timeout_ms),
+                drain_timeout: Duration::from_millis(drain_timeout_ms),
+                upstream_where,
+            }),
+        });
+        let tls = TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms };
+        self.listen_with(hosts, port, refusal, limits, tls, Some(setup))
+    }
+
+    /// Python's verdicts on guard batch `batch` (None: deciding failed, the session
+    /// ends with an ERROR): `(code, number, text, data)` each (see `session::bridge`).
+    fn verdicts(&self, batch: u64, verdicts: Option<Vec<PyVerdict<'_>>>) {
+        let verdicts = verdicts.map(|list| {
+            list.into_iter()
+                .map(|(code, number, text, data)| (code, number, text, data.as_bytes().to_vec()))
+                .collect()
+        });
+        self.inner.bridge.answer(batch, verdicts);
+    }
+
+    /// Frames the native sessions relayed: `(direction, command, frames)`.
+    fn frame_counts(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.inner.tally.snapshot()
+    }
+
+    /// Work the guard did off the receipt chain for `session` is done: what waits
+    /// behind hold `key` (receipts, a DISCONNECT) may go.
+    fn release(&self, session: u64, key: u64) {
+        if let Some(sink) = self.inner.leg(session).and_then(|shared| shared.sink()) {
+            let _ = sink.send(Event::Released(key));
+        }
+    }
+
 
     /// Python took the last client accepted: the listeners may accept the next one.
     fn accept_more(&self) {
@@ -508,6 +577,13 @@ impl Plane {
                     (errno, tls_error).into_pyobject(py)?.into_any(),
                     text.into_pyobject(py)?.into_any(),
                 ),
+                Event::Guard(session, batch, guard) => (
+                    GUARD,
+                    session,
+                    batch.into_pyobject(py)?.into_any(),
+                    session::batch_into_py(py, guard)?,
+                ),
+                Event::Released(_) => continue,
                 Event::Refused(why) => (
                     REFUSED,
                     0,
@@ -559,6 +635,78 @@ impl Plane {
 }
 
 impl Plane {
+    fn listen_with(
+        &self,
+        hosts: Vec<String>,
+        port: u16,
+        refusal: Vec<u8>,
+        limits: LimitsTuple,
+        files: TlsFiles,
+        sessions: Option<Arc<SessionSetup>>,
+    ) -> PyResult<u16> {
+        let TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms } = files;
+        let tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some(TlsAcceptor::from(
+                tls::server_config(&cert, &key).map_err(PyValueError::new_err)?,
+            )),
+            (None, None) => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "TLS needs both a certificate and a key",
+                ))
+            }
+        };
+        let setup = Arc::new(Listening {
+            tls,
+            max_setting_up: max_tls_handshakes.max(1),
+            setting_up: Arc::new(AtomicUsize::new(0)),
+            handshake_timeout: Duration::from_millis(handshake_timeout_ms),
+            refusal,
+            decoding: Decoding {
+                limits,
+                server: false,
+                keep_wire: false,
+            },
+            gate: Arc::new(Semaphore::new(1)),
+            sessions,
+        });
+        if setup.tls.is_none() && setup.sessions.is_none() {
+            self.gates
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(setup.gate.clone());
+        }
+        setup.decoding.decoder()?; // invalid limits: an error now, not at each accept
+        let handle = self.handle()?;
+        let _guard = handle.enter();
+        let mut port = port;
+        let mut listeners = Vec::new();
+        for host in hosts {
+            let ip: std::net::IpAddr = host
+                .parse()
+                .map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
+            let addr = SocketAddr::new(ip, port);
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket.set_reuseaddr(true)?;
+            if addr.is_ipv6() {
+                socket2::SockRef::from(&socket).set_only_v6(true)?;
+            }
+            socket.bind(addr)?;
+            let listener = socket.listen(128)?;
+            port = listener.local_addr()?.port();
+            listeners.push(listener);
+        }
+        let mut tasks = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        for listener in listeners {
+            tasks.push(handle.spawn(accept_loop(listener, setup.clone(), self.inner.clone())));
+        }
+        Ok(port)
+    }
+
     fn handle(&self) -> PyResult<tokio::runtime::Handle> {
         self.runtime
             .lock()
@@ -567,6 +715,15 @@ impl Plane {
             .map(|rt| rt.handle().clone())
             .ok_or_else(|| PyRuntimeError::new_err("the native data plane was shut down"))
     }
+}
+
+/// A listener's TLS: certificate and key files, handshakes in progress at most, and how
+/// long one may take.
+struct TlsFiles {
+    cert: Option<String>,
+    key: Option<String>,
+    max_tls_handshakes: usize,
+    handshake_timeout_ms: u64,
 }
 
 trait ReadReady {
@@ -651,6 +808,15 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                 continue;
             };
             let (shared, rx) = inner.new_leg(decoder);
+            if let Some(sessions) = &setup.sessions {
+                // No Python accept to wait for: the next client may come at once.
+                setup.gate.add_permits(1);
+                let peer = (peer.ip().to_string(), peer.port());
+                let sink = start_session(&inner, sessions, shared.clone(), peer);
+                shared.set_sink(sink);
+                inner.start_plain(tcp, shared, rx, false);
+                continue;
+            }
             inner.events.push(Event::Accepted(
                 shared.id,
                 peer.ip().to_string(),
@@ -673,6 +839,13 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
             setup.setting_up.fetch_sub(1, Ordering::AcqRel);
             if let (Ok(Ok(stream)), Ok(decoder)) = (done, setup.decoding.decoder()) {
                 let (shared, rx) = inner.new_leg(decoder);
+                if let Some(sessions) = &setup.sessions {
+                    let peer = (peer.ip().to_string(), peer.port());
+                    let sink = start_session(&inner, sessions, shared.clone(), peer);
+                    shared.set_sink(sink);
+                    inner.start(stream, shared, rx, false);
+                    return;
+                }
                 inner.events.push(Event::Accepted(
                     shared.id,
                     peer.ip().to_string(),
@@ -694,4 +867,18 @@ async fn refuse_one(listener: &TcpListener, setup: &Listening) {
             let _ = tcp.try_write(&setup.refusal);
         }
     }
+}
+
+/// Spawn the native session of an accepted client; returns where its legs' reads go.
+fn start_session(
+    inner: &Arc<Inner>,
+    setup: &Arc<SessionSetup>,
+    client: Arc<leg::Shared>,
+    peer: (String, u16),
+) -> mpsc::UnboundedSender<Event> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let host: Arc<dyn Host> = Arc::new(SessionHost { inner: inner.clone(), setup: setup.clone() });
+    let session = Session::new(host, inner.bridge.clone(), setup.config.clone(), client, rx, tx.clone(), peer);
+    tokio::spawn(session.run());
+    tx
 }

@@ -1,0 +1,15 @@
+//! A native STOMP session per client connection: both legs, the handshake, receipts in
+//! order, subscriptions and ack modes, DISCONNECT held until earlier receipts are in,
+//! ERROR frames; the guard consulted once per read batch through `bridge` (see
+//! docs/sidecar.md, "The native-session data plane").
+
+pub mod bridge;
+pub mod chain;
+pub mod run;
+pub mod subs;
+pub mod tally;
+pub mod wire;
+
+pub use bridge::{batch_into_py, Bridge, GuardBatch, Verdict};
+pub use run::{Connecting, Host, Session, SessionConfig};
+pub use tally::FrameTally;
