@@ -103,16 +103,32 @@ class BridgedSession:
         #: Deliveries handed to the client and not settled yet, by ack token.
         self.pending: dict[str, tuple[Delivery, HookContext]] = {}
         self.holds = itertools.count(1)
+        #: While a batch is decided: the broker writes it makes, joined (see flush).
+        self.batching = False
+        self.out: list[bytes] = []
         self.transactions: dict[str, BridgedTransaction] = {}
         #: What to do when the chain entry of a transaction frame is confirmed or failed
         #: (COMMIT), by the frame's sequence number.
         self.callbacks: dict[int, tuple[Callable[[], None], Callable[[str], None]]] = {}
 
     def _write_frame(self, frame: Frame) -> None:
-        self._plane.write(self._broker_leg, encode(frame, self.version))
+        self._write_wire(encode(frame, self.version))
 
     def _write_wire(self, data: bytes) -> None:
-        self._plane.write(self._broker_leg, data)
+        # Inside a batch, the guard's writes (one ACK per delivery...) leave together
+        # when it is decided (see flush); outside one (a job's), at once.
+        if self.batching:
+            self.out.append(data)
+        else:
+            self._plane.write(self._broker_leg, data)
+
+    def flush(self) -> None:
+        """Write what the guard wrote to the broker while deciding a batch."""
+        self.batching = False
+        if self.out:
+            data = b"".join(self.out)
+            self.out.clear()
+            self._plane.write(self._broker_leg, data)
 
 
 class NativeSessions:
@@ -214,7 +230,13 @@ class NativeSessions:
         found = self._sessions.get(session_id)
         if found is None:
             return []
-        session = found
+        found.batching = True
+        try:
+            return self._decide(found, kind, data)
+        finally:
+            found.flush()  # before the verdicts: the session's next writes follow
+
+    def _decide(self, session: BridgedSession, kind: int, data: object) -> list[Verdict]:
         if kind == SENDS:
             return self._sends(session, cast(list[tuple[int, str, str | None,
                                                           list[tuple[str, str]], bytes]], data))

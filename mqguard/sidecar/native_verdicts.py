@@ -8,7 +8,7 @@ from typing import Final
 __all__ = [
     "ACKS", "CONFIRMED", "DISCONNECT", "ENDED", "ERROR", "FORWARD", "FORWARD_VERDICT",
     "GUARD", "HOLD", "LEG_RECEIPT", "LOCAL", "LOCAL_VERDICT", "MESSAGES", "OPEN", "RESTORE",
-    "SENDS", "TX", "UNSUBSCRIBED", "TxItem", "Verdict",
+    "SENDS", "SYNC", "TX", "UNSUBSCRIBED", "TxItem", "Verdict",
 ]
 
 #: ``Plane.drain`` event kind of a guard batch.
@@ -24,6 +24,8 @@ LEG_RECEIPT: Final = 6
 UNSUBSCRIBED: Final = 7
 ENDED: Final = 8
 TX: Final = 9
+#: Nothing to decide: answered once the batches before it are handled.
+SYNC: Final = 10
 # Verdict codes.
 LOCAL: Final = 0
 FORWARD: Final = 1

@@ -41,7 +41,8 @@ pub struct MessageItem {
     pub body: Vec<u8>,
 }
 
-/// One ACK or NACK: command, the tokens it settles, the client's receipt.
+/// One ACK or NACK: command, the tokens it settles, the client's receipt. A batch of
+/// ACKs without receipts is told (batch id 0), not asked.
 pub struct AckItem {
     pub nack: bool,
     pub tokens: Vec<String>,
@@ -71,6 +72,8 @@ pub enum GuardBatch {
     Disconnect,
     /// A transaction frame; its verdicts are actions applied in order (see `code`).
     Tx(TxItem),
+    /// Nothing to decide: answered once the batches before it are handled.
+    Sync,
     /// Notice: SENDs the broker confirmed, in order.
     Confirmed(Vec<u64>),
     /// Notice: a RECEIPT for a frame the guard's own broker-leg work wrote.
@@ -93,6 +96,7 @@ const LEG_RECEIPT: u8 = 6;
 const UNSUBSCRIBED: u8 = 7;
 const ENDED: u8 = 8;
 const TX: u8 = 9;
+const SYNC: u8 = 10;
 
 /// One verdict: `(code, number, text, data)`; what each means depends on the batch
 /// (see `Code`).
@@ -201,6 +205,7 @@ pub fn batch_into_py<'py>(py: Python<'py>, batch: GuardBatch) -> PyResult<Bound<
             (ACKS, list.into_any())
         }
         GuardBatch::Disconnect => (DISCONNECT, py.None().into_bound(py)),
+        GuardBatch::Sync => (SYNC, py.None().into_bound(py)),
         GuardBatch::Tx(item) => (
             TX,
             (item.seq, item.command, headers_py(py, item.headers)?, PyBytes::new(py, &item.body), item.tokens)

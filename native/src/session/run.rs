@@ -23,6 +23,11 @@ use crate::transport::leg::{Shared, STOP};
 const LEG_RECEIPT_PREFIX: &str = "mqguard-i-";
 /// SEND headers that frame the message rather than belong to it.
 const FRAMING_SEND_HEADERS: [&str; 4] = ["destination", "receipt", "transaction", "content-length"];
+/// Confirmed SENDs are told to the guard with the session's next batch, or after this
+/// long without one: a RECEIPT alone never wakes the Python side.
+const CONFIRM_DELAY: Duration = Duration::from_millis(1);
+/// ... or once this many are waiting.
+const CONFIRM_BATCH: usize = 256;
 
 pub type Connecting = Pin<Box<dyn Future<Output = Result<Arc<Shared>, String>> + Send>>;
 
@@ -68,6 +73,11 @@ pub struct Session {
     disconnect_sent: bool,
     /// Events met during the handshake, handled once relaying starts.
     deferred: VecDeque<Event>,
+    /// Octets queued for each leg (see `flush`).
+    to_client: Vec<u8>,
+    to_broker: Vec<u8>,
+    /// A batch was told, not asked, since the last answer (see `sync`).
+    told: bool,
 }
 
 impl Session {
@@ -103,6 +113,9 @@ impl Session {
             pending_disconnect: None,
             disconnect_sent: false,
             deferred: VecDeque::new(),
+            to_client: Vec::new(),
+            to_broker: Vec::new(),
+            told: false,
         }
     }
 
@@ -274,25 +287,42 @@ impl Session {
                 self.client.set_pause(STOP, true);
                 if self.pending_disconnect.is_none() && !self.disconnect_sent && !self.ending {
                     self.disconnect(RawFrame::new("DISCONNECT", Vec::new(), Vec::new())).await;
+                    self.flush();
                 }
                 deadline = Some(Instant::now() + self.config.drain_timeout);
             }
             let event = match self.deferred.pop_front() {
                 Some(event) => event,
-                None => match deadline {
-                    Some(at) => match timeout_at(at, self.rx.recv()).await {
-                        Ok(Some(event)) => event,
-                        _ => break,
-                    },
-                    None => match self.rx.recv().await {
-                        Some(event) => event,
+                None => {
+                    let mut at = deadline;
+                    if !self.confirmed.is_empty() {
+                        let soon = Instant::now() + CONFIRM_DELAY;
+                        at = Some(at.map_or(soon, |at| at.min(soon)));
+                    }
+                    let received = match at {
+                        Some(at) => match timeout_at(at, self.rx.recv()).await {
+                            Ok(received) => received,
+                            Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => break,
+                            Err(_) => {
+                                self.tell_confirmed();
+                                continue;
+                            }
+                        },
+                        None => self.rx.recv().await,
+                    };
+                    match received {
+                        Some(event) => self.coalesce(event),
                         None => break,
-                    },
-                },
+                    }
+                }
             };
             self.on_event(event).await;
-            self.tell_confirmed();
+            self.flush();
+            if self.confirmed.len() >= CONFIRM_BATCH {
+                self.tell_confirmed();
+            }
         }
+        self.tell_confirmed();
         if let Some(outcome) = self.client_over.clone() {
             return outcome;
         }
@@ -352,6 +382,50 @@ impl Session {
         }
     }
 
+    /// `event` and the reads of the same leg queued right behind it, as one read: under
+    /// load the guard then decides bigger batches (the same outcome as one by one).
+    fn coalesce(&mut self, event: Event) -> Event {
+        let Event::Items(id, mut items, mut size, None) = event else {
+            return event;
+        };
+        loop {
+            match self.rx.try_recv() {
+                Ok(Event::Items(next, more, more_size, error)) if next == id => {
+                    items.extend(more);
+                    size += more_size;
+                    if error.is_some() {
+                        return Event::Items(id, items, size, error);
+                    }
+                }
+                Ok(other) => {
+                    self.deferred.push_back(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        Event::Items(id, items, size, None)
+    }
+
+    /// Ask the guard; the SENDs confirmed so far are told first (the same wake-up).
+    async fn ask(&mut self, batch: GuardBatch) -> Option<Vec<super::Verdict>> {
+        self.tell_confirmed();
+        self.flush();
+        let verdicts = self.bridge.ask(self.id, batch).await;
+        // The Python side handles batches in order: it is done with the told ones too.
+        self.told = false;
+        verdicts
+    }
+
+    /// Before a frame goes to the broker without the guard: wait until the guard has
+    /// written what told batches made it write (acknowledgements), so the broker sees
+    /// them first.
+    async fn sync(&mut self) {
+        if self.told {
+            let _ = self.ask(GuardBatch::Sync).await;
+        }
+    }
+
     fn tell_confirmed(&mut self) {
         if !self.confirmed.is_empty() {
             let seqs = std::mem::take(&mut self.confirmed);
@@ -362,6 +436,7 @@ impl Session {
     fn finish(&mut self, outcome: String) {
         let failed = self.chain.fail_all();
         self.apply(failed.outputs);
+        self.flush();
         self.tell_confirmed();
         // Told also of a session that never opened: its outcome is counted.
         self.bridge.tell(self.id, GuardBatch::Ended(outcome, failed.sends, failed.lost_receipts));
@@ -375,24 +450,45 @@ impl Session {
 
     // -- writing ---------------------------------------------------------------------
 
-    fn write_broker(&self, data: &[u8]) {
-        if let Some(broker) = &self.broker {
-            broker.write(data);
+    /// Queued for the broker: what one event makes leaves in one write (`flush`).
+    fn write_broker(&mut self, data: &[u8]) {
+        self.to_broker.extend_from_slice(data);
+    }
+
+    fn write_client(&mut self, data: &[u8]) {
+        self.to_client.extend_from_slice(data);
+    }
+
+    fn write_client_frame(&mut self, frame: &RawFrame) {
+        if let Ok(data) = wire_of(frame, self.version) {
+            self.to_client.extend_from_slice(&data);
         }
     }
 
-    fn write_client_frame(&self, frame: &RawFrame) {
-        if let Ok(data) = wire_of(frame, self.version) {
-            self.client.write(&data);
+    /// Write what is queued for either leg. Before every batch for the guard too: what
+    /// the guard writes to the broker must follow what the session queued before it.
+    fn flush(&mut self) {
+        if !self.to_broker.is_empty() {
+            if let Some(broker) = &self.broker {
+                broker.write(&self.to_broker);
+            }
+            self.to_broker.clear();
+        }
+        if !self.to_client.is_empty() {
+            self.client.write(&self.to_client);
+            self.to_client.clear();
         }
     }
 
     fn apply(&mut self, out: Vec<Output>) {
         for output in out {
             match output {
-                Output::Receipt(id) => self.client.write(&receipt_frame(&id, self.version)),
+                Output::Receipt(id) => {
+                    let data = receipt_frame(&id, self.version);
+                    self.write_client(&data);
+                }
                 Output::Confirmed(seq) => self.confirmed.push(seq),
-                Output::Last(data) => self.client.write(&data),
+                Output::Last(data) => self.write_client(&data),
             }
         }
     }
@@ -504,12 +600,21 @@ impl Session {
                             self.on_transaction_frame(frame, tokens).await;
                         }
                         // Not a delivery the guard tracks: the broker has the final word.
-                        None => self.forward(frame),
+                        None => {
+                            self.sync().await;
+                            self.forward(frame);
+                        }
                     }
                 }
                 "BEGIN" | "COMMIT" | "ABORT" => self.on_transaction_frame(frame, Vec::new()).await,
-                "SUBSCRIBE" => self.on_subscribe(frame),
-                "UNSUBSCRIBE" => self.on_unsubscribe(frame),
+                "SUBSCRIBE" => {
+                    self.sync().await;
+                    self.on_subscribe(frame);
+                }
+                "UNSUBSCRIBE" => {
+                    self.sync().await;
+                    self.on_unsubscribe(frame);
+                }
                 "DISCONNECT" => {
                     self.disconnect(frame).await;
                     self.client_done = true;
@@ -535,7 +640,7 @@ impl Session {
             body: std::mem::take(&mut frame.body),
             tokens,
         };
-        let Some(verdicts) = self.bridge.ask(self.id, GuardBatch::Tx(item)).await else {
+        let Some(verdicts) = self.ask(GuardBatch::Tx(item)).await else {
             self.internal_error();
             return;
         };
@@ -605,7 +710,7 @@ impl Session {
             });
         }
         let receipts: Vec<(u64, Option<String>)> = items.iter().map(|i| (i.seq, i.receipt.clone())).collect();
-        let Some(verdicts) = self.bridge.ask(self.id, GuardBatch::Sends(items)).await else {
+        let Some(verdicts) = self.ask(GuardBatch::Sends(items)).await else {
             self.internal_error();
             return;
         };
@@ -654,6 +759,7 @@ impl Session {
                     if !self.settle(std::mem::take(&mut batch)).await {
                         return;
                     }
+                    self.sync().await;
                     self.forward(frame);
                 }
             }
@@ -665,8 +771,18 @@ impl Session {
         if batch.is_empty() {
             return true;
         }
+        if batch.iter().all(|item| !item.nack && item.receipt.is_none()) {
+            // Nothing to answer the client: the guard finishes them while the session
+            // goes on (its acknowledgements reach the broker before anything the
+            // session forwards later: see `sync`).
+            self.tell_confirmed();
+            self.flush();
+            self.bridge.tell(self.id, GuardBatch::Acks(batch));
+            self.told = true;
+            return true;
+        }
         let receipts: Vec<Option<String>> = batch.iter().map(|i| i.receipt.clone()).collect();
-        let Some(verdicts) = self.bridge.ask(self.id, GuardBatch::Acks(batch)).await else {
+        let Some(verdicts) = self.ask(GuardBatch::Acks(batch)).await else {
             self.internal_error();
             return false;
         };
@@ -728,7 +844,7 @@ impl Session {
     /// the guard deferred on the broker leg so far has run.
     async fn disconnect(&mut self, frame: RawFrame) {
         self.pending_disconnect = Some(frame);
-        if let Some(verdicts) = self.bridge.ask(self.id, GuardBatch::Disconnect).await {
+        if let Some(verdicts) = self.ask(GuardBatch::Disconnect).await {
             if let Some((code::HOLD, key, _, _)) = verdicts.first() {
                 self.chain.hold(None, *key);
             }
@@ -765,7 +881,7 @@ impl Session {
             let frame = match item {
                 Item::Heartbeat => {
                     if !self.ending {
-                        self.client.write(b"\n");
+                        self.write_client(b"\n");
                     }
                     continue;
                 }
@@ -883,7 +999,7 @@ impl Session {
         let mut verdicts = if items.is_empty() {
             Vec::new().into_iter()
         } else {
-            match self.bridge.ask(self.id, GuardBatch::Messages(items)).await {
+            match self.ask(GuardBatch::Messages(items)).await {
                 Some(verdicts) => verdicts.into_iter(),
                 None => {
                     self.internal_error();
