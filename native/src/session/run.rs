@@ -23,8 +23,9 @@ use crate::transport::leg::{Shared, STOP};
 const LEG_RECEIPT_PREFIX: &str = "mqguard-i-";
 /// SEND headers that frame the message rather than belong to it.
 const FRAMING_SEND_HEADERS: [&str; 4] = ["destination", "receipt", "transaction", "content-length"];
-/// Confirmed SENDs are told to the guard with the session's next batch, or after this
-/// long without one: a RECEIPT alone never wakes the Python side.
+/// Confirmed SENDs (and ACKs owing the client nothing) are told to the guard with the
+/// session's next batch, or after this long without one: a RECEIPT or such an ACK
+/// alone never wakes the Python side.
 const CONFIRM_DELAY: Duration = Duration::from_millis(1);
 /// ... or once this many are waiting.
 const CONFIRM_BATCH: usize = 256;
@@ -78,6 +79,8 @@ pub struct Session {
     to_broker: Vec<u8>,
     /// A batch was told, not asked, since the last answer (see `sync`).
     told: bool,
+    /// ACKs owing the client nothing, told with the next batch or after CONFIRM_DELAY.
+    acks: Vec<AckItem>,
 }
 
 impl Session {
@@ -116,6 +119,7 @@ impl Session {
             to_client: Vec::new(),
             to_broker: Vec::new(),
             told: false,
+            acks: Vec::new(),
         }
     }
 
@@ -125,7 +129,7 @@ impl Session {
             Ok(()) => self.relay().await,
             Err(outcome) => outcome,
         };
-        self.finish(outcome);
+        self.finish(outcome).await;
     }
 
     // -- handshake -------------------------------------------------------------------
@@ -295,7 +299,7 @@ impl Session {
                 Some(event) => event,
                 None => {
                     let mut at = deadline;
-                    if !self.confirmed.is_empty() {
+                    if !self.confirmed.is_empty() || !self.acks.is_empty() {
                         let soon = Instant::now() + CONFIRM_DELAY;
                         at = Some(at.map_or(soon, |at| at.min(soon)));
                     }
@@ -318,7 +322,7 @@ impl Session {
             };
             self.on_event(event).await;
             self.flush();
-            if self.confirmed.len() >= CONFIRM_BATCH {
+            if self.confirmed.len() + self.acks.len() >= CONFIRM_BATCH {
                 self.tell_confirmed();
             }
         }
@@ -427,13 +431,23 @@ impl Session {
     }
 
     fn tell_confirmed(&mut self) {
+        if !self.acks.is_empty() {
+            // What the session wrote to the broker before them goes first.
+            self.flush();
+            let acks = std::mem::take(&mut self.acks);
+            self.bridge.tell(self.id, GuardBatch::Acks(acks));
+        }
         if !self.confirmed.is_empty() {
             let seqs = std::mem::take(&mut self.confirmed);
             self.bridge.tell(self.id, GuardBatch::Confirmed(seqs));
         }
     }
 
-    fn finish(&mut self, outcome: String) {
+    async fn finish(&mut self, outcome: String) {
+        if !self.acks.is_empty() {
+            // The guard's acknowledgements of them reach the broker leg before it closes.
+            let _ = self.ask(GuardBatch::Sync).await;
+        }
         let failed = self.chain.fail_all();
         self.apply(failed.outputs);
         self.flush();
@@ -775,9 +789,7 @@ impl Session {
             // Nothing to answer the client: the guard finishes them while the session
             // goes on (its acknowledgements reach the broker before anything the
             // session forwards later: see `sync`).
-            self.tell_confirmed();
-            self.flush();
-            self.bridge.tell(self.id, GuardBatch::Acks(batch));
+            self.acks.extend(batch);
             self.told = true;
             return true;
         }
