@@ -34,6 +34,12 @@ duplicate is judged as a full audit would judge it. The findings written are tho
 of the closed messages kept in the state plus this run's, equal to a full audit's
 over the same files.
 
+The bookkeeping around the audit proper (the new events' ids and last time, the
+reopened messages, the fates, the state written) is done on the driver with pyarrow
+(:mod:`mqguard.audit.incremental_tables`): the audit is the run's only Spark work. A
+gzipped JSONL segment is parsed once, by pyarrow, and the audit reads its Parquet
+copy (a file pyarrow cannot read exactly is read by Spark, as a full audit reads it).
+
 Only rotated segments (``.parquet``, ``.jsonl.gz``) are consumed: the live
 ``.jsonl`` file is still being written, and its events come back in its next rotated
 segment; it is left for the run after its rotation (counted in the summary).
@@ -51,11 +57,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+import pyarrow as pa
+import pyarrow.compute as arrow_compute
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
 
-from mqguard.audit.checks import TERMINAL
 from mqguard.audit.events import (
     AUDIT_FIELDS,
     AuditInputError,
@@ -63,8 +69,24 @@ from mqguard.audit.events import (
     load_event_inputs,
     valid_event,
 )
+from mqguard.audit.incremental_tables import (
+    STATE_TYPES,
+    closed_spans,
+    events_of,
+    fates,
+    keys_of,
+    read_findings_table,
+    read_table,
+    segment_events,
+    write_findings_table,
+    write_one_file,
+)
 from mqguard.audit.runner import AuditOptions, AuditResult, run_audit
 from mqguard.audit.summary import class_counts, read_findings, write_summary
+
+#: pyarrow's compute kernels, untyped here: the stubs' overloads reject the mix of
+#: arrays, chunked arrays and scalars these kernels take.
+pc: Any = arrow_compute
 
 __all__ = ["CLOSED_PARTS_BOUND", "STATE_VERSION", "FileMark", "StateError", "mark_file",
            "run_incremental"]
@@ -150,74 +172,31 @@ def _check_recorded(directory: str, state: Mapping[str, Any], settings: Mapping[
     return recorded
 
 
-def _with_keys(events: DataFrame) -> DataFrame:
-    """One row per (event, message it belongs to): its own id and a copy's id."""
-    return events.withColumn("key", F.explode(F.array_distinct(F.array_compact(
-        F.array("message_id", "new_message_id")))))
-
-
-def _ranked(spark: SparkSession, files: Sequence[str], ranks: Sequence[int]) -> DataFrame:
-    """The events of ``files`` with their global writing order (``g_rank``: ``ranks[i]``
-    for ``files[i]``, ``g_row``)."""
-    frame = load_event_inputs(spark, list(files)).frame.filter(valid_event())
-    rank = F.element_at(F.array(*[F.lit(r) for r in ranks]), F.col("file_rank") + 1)
-    return frame.select(*AUDIT_FIELDS, rank.alias("g_rank"), F.col("row").alias("g_row"))
-
-
-def _last_ts(events: DataFrame) -> int | None:
-    row = events.agg(F.max("ts").alias("last")).collect()[0]
-    return None if row["last"] is None else int(row["last"])
-
-
-def _write_one_file(frame: DataFrame, directory: str) -> str | None:
-    """``frame`` as one Parquet file in writing order; its path (None when empty)."""
-    (frame.repartition(1).sortWithinPartitions("g_rank", "g_row")
-     .write.mode("overwrite").parquet(directory))
-    parts = sorted(n for n in os.listdir(directory) if n.endswith(".parquet"))
-    for name in parts:
-        if os.path.getsize(os.path.join(directory, name)) and _has_rows(directory, name):
-            return os.path.join(directory, name)
-    return None
-
-
-def _row_count(path: str | None) -> int:
-    """Rows of one Parquet file from its footer (no Spark job)."""
-    import pyarrow.parquet as pq
-
-    return 0 if path is None else int(pq.ParquetFile(path).metadata.num_rows)
-
-
-def _spans(closed: DataFrame) -> DataFrame:
-    """One row per closed id: the widest span of its rows (every file that holds an
-    event of it lies between its first and last)."""
-    return closed.groupBy("key").agg(F.min("first_rank").alias("first_rank"),
-                                     F.max("last_rank").alias("last_rank"))
-
-
-def _read_closed(spark: SparkSession, closed_dir: str, runs: Sequence[int],
-                 open_keys_dir: str) -> DataFrame | None:
-    """The closed ids of the listed parts, one row each, without the ids open now."""
-    paths = [os.path.join(closed_dir, f"run={r}") for r in runs]
-    if not paths:
-        return None
-    closed = (spark.read.option("basePath", closed_dir).parquet(*paths)
-              .select("key", "first_rank", "last_rank"))
-    if len(paths) > 1:
-        closed = _spans(closed)
-    if os.path.isdir(open_keys_dir):
-        closed = closed.join(spark.read.parquet(open_keys_dir), "key", "left_anti")
-    return closed
-
-
-def _has_rows(directory: str, name: str) -> bool:
-    import pyarrow.parquet as pq
-
-    return bool(pq.ParquetFile(os.path.join(directory, name)).metadata.num_rows)
-
-
 def _replace(source: str, target: str) -> None:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(source, target)
+
+
+def _spark_reader(spark: SparkSession) -> Callable[[str], pa.Table]:
+    """Spark's reading of one file pyarrow cannot read exactly (its unreadable lines
+    counted out as the audit counts them), in writing order (``row``)."""
+    def read(path: str) -> pa.Table:
+        frame = load_event_inputs(spark, [path]).frame.filter(valid_event())
+        return frame.select(*AUDIT_FIELDS, "row").toArrow()
+    return read
+
+
+def _concat(tables: Sequence[pa.Table | None]) -> pa.Table | None:
+    present = [t.select(STATE_TYPES.names).cast(STATE_TYPES) for t in tables
+               if t is not None]
+    return pa.concat_tables(present) if present else None
+
+
+def _keys(table: pa.Table | None) -> pa.Array:
+    """The distinct ids of the messages ``table``'s events belong to."""
+    if table is None or not table.num_rows:
+        return pa.array([], pa.string())
+    return pc.unique(keys_of(table)["key"].combine_chunks())
 
 
 def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
@@ -248,20 +227,18 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
     kept_dir = os.path.join(state_dir, "findings")
     open_keys_dir = os.path.join(state_dir, "open_keys")
     work = tempfile.mkdtemp(prefix=".incremental-", dir=state_dir)
-    cached: list[DataFrame] = []
+    spark_read = _spark_reader(spark)
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
     try:
         progress(f"{len(new)} new file(s), {len(recorded)} audited before")
-        fresh = (_ranked(spark, new, range(len(recorded), len(recorded) + len(new)))
-                 if new else None)
-        if fresh is not None:
-            fresh = fresh.persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(fresh)
-        carried = (spark.read.parquet(open_dir) if state and os.path.isdir(open_dir)
+        segments = [segment_events(path, len(recorded) + i, os.path.join(work, "copies"),
+                                   spark_read) for i, path in enumerate(new)]
+        fresh = _concat([s.events for s in segments])
+        carried = (read_table(open_dir) if state and os.path.isdir(open_dir)
                    and state.get("open_events") else None)
-        last_ts = max([t for t in (state["last_ts"] if state else None,
-                                   _last_ts(fresh) if fresh is not None else None)
+        fresh_ts = pc.max(fresh["ts"]).as_py() if fresh is not None else None
+        last_ts = max([t for t in (state["last_ts"] if state else None, fresh_ts)
                        if t is not None], default=None)
         if options.watermark is not None:
             watermark, source = options.watermark, "given"
@@ -274,33 +251,38 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
 
         # Messages closed earlier that the new events touch are read again.
         reopened = files_read_again = 0
-        prior = [carried.select(*AUDIT_FIELDS, "g_rank", "g_row")] if carried is not None else []
+        prior: list[pa.Table | None] = [carried]
         closed_runs: list[int] = list(state.get("closed_runs", [])) if state else []
-        closed = _read_closed(spark, closed_dir, closed_runs, open_keys_dir)
+        open_before = (read_table(open_keys_dir)["key"] if state
+                       and os.path.isdir(open_keys_dir) else None)
+        closed = (closed_spans([read_table(os.path.join(closed_dir, f"run={r}"))
+                                for r in closed_runs], open_before)
+                  if closed_runs else None)
+        new_keys = _keys(fresh)
         if fresh is not None and closed is not None:
-            touched = (_with_keys(fresh).select("key").distinct().join(closed, "key"))
-            touched = touched.persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(touched)
-            spans = touched.groupBy("first_rank", "last_rank").count().collect()
-            reopened = sum(int(r["count"]) for r in spans)
+            touched = closed.filter(pc.fill_null(
+                pc.is_in(closed["key"], value_set=new_keys), False))
+            reopened = touched.num_rows
             if reopened:
                 # Only the audited files between each message's first and last: the
                 # messages a new segment reopens were mostly closed in the last ones.
-                ranks = sorted({rank for r in spans
-                                for rank in range(r["first_rank"], r["last_rank"] + 1)})
+                spans = zip(touched["first_rank"].to_numpy().tolist(),
+                            touched["last_rank"].to_numpy().tolist(), strict=True)
+                ranks = sorted({rank for first, last in spans
+                                for rank in range(first, last + 1)})
                 progress(f"{reopened} closed message(s) have new events: reading their "
                          f"events again from {len(ranks)} file(s)")
-                again = (_with_keys(_ranked(spark, [recorded[r] for r in ranks], ranks))
-                         .join(F.broadcast(touched.select("key")), "key", "left_semi")
-                         .drop("key"))
-                prior.append(again)
+                for rank in ranks:
+                    prior.append(events_of(segment_events(recorded[rank], rank, None,
+                                                          spark_read).events,
+                                           touched["key"]))
                 files_read_again = len(ranks)
+        prior_table = _concat(prior)
         prior_file = None
-        if prior:
-            union = prior[0] if len(prior) == 1 else prior[0].unionByName(prior[1])
-            prior_file = _write_one_file(union.dropDuplicates(["g_rank", "g_row"]),
-                                         os.path.join(work, "prior"))
-        inputs = ([prior_file] if prior_file else []) + new
+        if prior_table is not None and prior_table.num_rows:
+            prior_file = os.path.join(work, "prior", "events.parquet")
+            prior_table = write_one_file(prior_table, prior_file)
+        inputs = ([prior_file] if prior_file else []) + [s.audit_path for s in segments]
         seconds["carry_in"] = time.perf_counter() - clock
         if not inputs:
             if state is None:
@@ -320,67 +302,54 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
         seconds["audit"] = time.perf_counter() - clock - seconds["carry_in"]
 
         progress("recording what stays open")
-        events = [fresh] if fresh is not None else []
-        if prior_file:
-            events.append(spark.read.parquet(prior_file))
-        audited = (events[0] if len(events) == 1 else events[0].unionByName(events[1])
-                   ).select(*AUDIT_FIELDS, "g_rank", "g_row")
-        keyed = _with_keys(audited)
+        audited = _concat([fresh, prior_table if prior_file else None])
+        assert audited is not None  # the audit had inputs
         # Judged here: the messages open before and every message of a new event. Another
         # id on a carried event (the closed original of a copy still open) only rides
         # along: its findings and its closed state stay as they were.
-        judged_parts = []
-        if fresh is not None:
-            judged_parts.append(_with_keys(fresh).select("key"))
-        if state and os.path.isdir(open_keys_dir):
-            judged_parts.append(spark.read.parquet(open_keys_dir))
-        judged = (judged_parts[0] if len(judged_parts) == 1
-                  else judged_parts[0].unionByName(judged_parts[1])).distinct()
-        terminal = F.col("type").isin([str(t) for t in TERMINAL])
-        per_key = (keyed.join(judged, "key", "left_semi").groupBy("key").agg(
-            F.max("ts").alias("max_ts"), F.max(terminal.cast("int")).alias("terminal"),
-            F.min("g_rank").alias("first_rank"), F.max("g_rank").alias("last_rank"))
-            .withColumn("open", ~((F.col("terminal") == 1)
-                                  & (F.col("max_ts") <= F.lit(watermark)))))
-        per_key = per_key.persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(per_key)
-        open_keys = per_key.filter("open").select("key")
+        judged = pc.unique(pa.chunked_array(
+            [new_keys, *([open_before] if open_before is not None else [])],
+            type=pa.string()))
+        per_key = fates(keys_of(audited), judged, watermark)
+        open_keys = per_key.filter(per_key["open"])["key"]
         new_open_keys = os.path.join(work, "open_keys")
-        open_keys.write.parquet(new_open_keys)
-        still_open = (keyed.join(open_keys, "key", "left_semi").drop("key")
-                      .dropDuplicates(["g_rank", "g_row"]))
+        os.makedirs(new_open_keys)
+        pq.write_table(pa.table({"key": open_keys}),
+                       os.path.join(new_open_keys, "part-0.parquet"))
         new_open = os.path.join(work, "open")
-        open_file = _write_one_file(still_open, new_open)
-        open_events = _row_count(open_file)
+        open_events = write_one_file(events_of(audited, open_keys),
+                                     os.path.join(new_open, "part-0.parquet")).num_rows
 
         # Append-only: this run's closed ids are a new part; the earlier parts stay as
         # they are (an id judged again here, now open, is masked by open_keys/ on reading).
         run_id = max(closed_runs, default=0) + 1
-        closed_now = per_key.filter("NOT open").select("key", "first_rank", "last_rank")
+        closed_now = per_key.filter(pc.invert(per_key["open"])).select(
+            ["key", "first_rank", "last_rank"])
         if len(closed_runs) + 1 > CLOSED_PARTS_BOUND and closed is not None:
-            closed_now = _spans(closed.unionByName(closed_now)).join(
-                open_keys, "key", "left_anti")
+            closed_now = closed_spans([closed, closed_now], open_keys)
             runs_out = [run_id]
         else:
             runs_out = [*closed_runs, run_id]
         new_closed = os.path.join(work, "closed")
-        closed_now.write.parquet(new_closed)
+        os.makedirs(new_closed)
+        pq.write_table(closed_now, os.path.join(new_closed, "part-0.parquet"))
 
         # Findings: the earlier closed messages' (those not judged again here) and this run's.
-        judged_ids = per_key.select(F.col("key").alias("message_id"))
-        mine = read_findings(spark, os.path.join(options.out, "findings")).join(
-            judged_ids, "message_id", "left_semi")
-        if state and os.path.isdir(kept_dir):
-            old = read_findings(spark, kept_dir).join(judged_ids, "message_id", "left_anti")
-            every = old.unionByName(mine.select(*old.columns))
-        else:
-            every = mine
+        judged_ids = per_key["key"]
         combined = os.path.join(work, "findings")
-        every.write.partitionBy("class").parquet(combined)
+        kept: list[pa.Table] = []
+        mine = read_findings_table(os.path.join(options.out, "findings"))
+        if mine is not None:
+            kept.append(mine.filter(pc.fill_null(
+                pc.is_in(mine["message_id"], value_set=judged_ids), False)))
+        old = read_findings_table(kept_dir) if state else None
+        if old is not None:
+            kept.append(old.filter(pc.invert(pc.fill_null(
+                pc.is_in(old["message_id"], value_set=judged_ids), False))))
         # Kept as written: an open message's findings are dropped by the next run, which
         # judges it again (its id is in open_keys/), so they need no second pass here.
+        write_findings_table(kept, combined)
         new_kept = combined
-
         drained_out = dict(drained)
         for address, at in result.drained.items():
             drained_out[address] = max(at, drained_out.get(address, at))
@@ -417,8 +386,6 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
                 shutil.rmtree(os.path.join(closed_dir, name), ignore_errors=True)
         return AuditResult(summary, drained_out)
     finally:
-        for frame in cached:
-            frame.unpersist()
         shutil.rmtree(work, ignore_errors=True)
 
 
