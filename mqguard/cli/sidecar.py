@@ -33,6 +33,9 @@ class JsonLogFormatter(logging.Formatter):
 
 
 @click.command()
+@click.option("--protocol", type=click.Choice(("stomp", "mqtt")), default="stomp",
+              show_default=True, help="What clients speak: STOMP, or MQTT 3.1.1/5 "
+                                      "(--upstream mqtt://HOST:PORT; docs/sidecar-mqtt.md).")
 @click.option("--listen", default="127.0.0.1:61623", show_default=True,
               help="HOST:PORT clients connect to (port 0: any free port, printed at start).")
 @click.option("--upstream", required=True,
@@ -66,12 +69,12 @@ class JsonLogFormatter(logging.Formatter):
               help="Who owns the sockets: python (asyncio) or native (the Rust extension's "
                    "tokio runtime; docs/sidecar.md, \"Data planes\"). Default: "
                    "[mqguard.sidecar] data-plane (python).")
-def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | None,
+def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
             upstream_insecure: bool, reap_addresses: tuple[str, ...],
             redistribute_groups: tuple[str, ...], log_format: str, event_loop: str,
             data_plane: str | None) -> None:
-    """Run the transparent STOMP proxy in front of a broker.
+    """Run the transparent STOMP (or, with --protocol mqtt, MQTT) proxy in front of a broker.
 
     Unmodified STOMP 1.0-1.2 clients connect here instead of to the broker and get
     duplicate detection, expiry, delivery counting with dead letters and the consumer
@@ -81,6 +84,12 @@ def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | No
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonLogFormatter())
     logging.getLogger("mqguard").setLevel(min(logging.getLogger().level, logging.INFO))
+    if protocol == "mqtt":
+        from mqguard.cli.sidecar_mqtt import run_mqtt_sidecar
+
+        run_mqtt_sidecar(listen=listen, upstream=upstream, config_path=config_path,
+                         admin=admin, event_loop=event_loop)
+        return
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     try:

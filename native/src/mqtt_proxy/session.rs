@@ -1,0 +1,822 @@
+//! One client connection and its upstream connection: the MQTT session state.
+//!
+//! The task reads both sockets; two writer tasks drain each side's outgoing queue. A
+//! read's PUBLISHes go to Python as one batch and the task waits for their verdicts
+//! before it handles anything after them, so the order of a connection's packets is kept
+//! on both legs. The broker's acknowledgement of a client publish is what acknowledges it
+//! to the client: a forwarded QoS 1/2 PUBLISH is answered only when the broker answered.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+use super::events::{Event, Events, Msg, LOST};
+use super::ids::{Ids, Owner};
+use crate::mqtt::props::{int_property, MESSAGE_EXPIRY, USER_PROPERTY};
+use crate::mqtt::{encode, Ack, Decoder, Limits, MqttError, Packet, PropValue, Property, Properties, Publish, Reasoned, Version};
+
+/// Verdict actions. Sends: forward, drop (acknowledged, not sent), reject (refused to
+/// the client). Deliveries: forward, or withhold (Python settles it upstream itself).
+pub const FORWARD: u8 = 0;
+pub const DROP: u8 = 1;
+pub const REJECT: u8 = 2;
+
+const TOPIC_ALIAS: u8 = 0x23;
+const REASON_STRING: u8 = 0x1F;
+/// MQTT 5 "implementation specific error": a send the guard refused.
+const REFUSED: u8 = 0x83;
+/// MQTT 5 "server unavailable" (3.1.1 return code 3): the broker cannot be reached.
+const UNAVAILABLE_V5: u8 = 0x88;
+const UNAVAILABLE_V311: u8 = 3;
+/// MQTT 5 "keep alive timeout".
+const KEEP_ALIVE_TIMEOUT: u8 = 0x8D;
+
+const READ_SIZE: usize = 64 * 1024;
+/// Queued outgoing octets above which the other side stops being read (back-pressure).
+const HIGH_WATER: usize = 1 << 20;
+/// Most queued octets joined into one write.
+const COALESCE: usize = 256 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const PAUSE_POLL: Duration = Duration::from_millis(5);
+/// Longest reason string put into a refusal (octets, cut at a character boundary).
+const MAX_REASON: usize = 256;
+
+/// One verdict from Python.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict {
+    pub action: u8,
+    /// The guard's token for a forwarded send (reported back in `Settled`).
+    pub token: u64,
+    /// Another topic to publish to (a MOVE).
+    pub topic: Option<String>,
+    /// Message Expiry Interval to set (MQTT 5).
+    pub expiry: Option<u32>,
+    /// User properties to add (MQTT 5).
+    pub user: Vec<(String, String)>,
+    /// Why a send was refused (MQTT 5 reason string).
+    pub reason: Option<String>,
+}
+
+/// What Python asks of a connection.
+pub enum Cmd {
+    /// Acknowledge a delivery upstream without the client (PUBACK, or PUBREC for QoS 2).
+    Ack { packet_id: u16, qos: u8 },
+    /// Publish a message of the sidecar's own upstream at QoS 1.
+    Publish { token: u64, topic: String, payload: Vec<u8>, retain: bool, user: Vec<(String, String)>, expiry: Option<u32> },
+    /// The client is gone and the guard is done with the connection.
+    Release,
+    Abort,
+}
+
+pub struct Ctx {
+    pub events: Arc<Events>,
+    pub upstream: (String, u16),
+    pub client_limits: Limits,
+    pub broker_limits: Limits,
+    pub release_grace: Duration,
+    pub conns: Mutex<HashMap<u64, mpsc::UnboundedSender<Cmd>>>,
+    pub waiting: Mutex<HashMap<u64, oneshot::Sender<Vec<Verdict>>>>,
+    pub next_conn: AtomicU64,
+    pub next_batch: AtomicU64,
+}
+
+impl Ctx {
+    fn register(&self, conn: u64, tx: mpsc::UnboundedSender<Cmd>) {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).insert(conn, tx);
+    }
+
+    fn unregister(&self, conn: u64) {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&conn);
+    }
+
+    /// Push a batch and wait for its verdicts; None when the plane is stopping.
+    async fn decide(&self, batch_event: impl FnOnce(u64) -> Event) -> Option<Vec<Verdict>> {
+        let batch = self.next_batch.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(batch, tx);
+        self.events.push(batch_event(batch));
+        rx.await.ok()
+    }
+}
+
+/// One side's outgoing queue, drained by a writer task.
+struct Out {
+    tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    queued: Arc<AtomicUsize>,
+    version: Version,
+}
+
+impl Out {
+    fn new(half: OwnedWriteHalf, version: Version) -> (Out, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(writer(half, rx, queued.clone()));
+        (Out { tx: Some(tx), queued, version }, task)
+    }
+
+    fn raw(&self, data: Vec<u8>) {
+        if let Some(tx) = &self.tx {
+            self.queued.fetch_add(data.len(), Ordering::Relaxed);
+            let _ = tx.send(data);
+        }
+    }
+
+    /// Queue `packet`; false when it cannot be encoded (nothing queued).
+    fn packet(&self, packet: &Packet) -> bool {
+        let mut data = Vec::new();
+        if encode(packet, self.version, &mut data).is_err() {
+            return false;
+        }
+        self.raw(data);
+        true
+    }
+
+    fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+}
+
+async fn writer(mut half: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>, queued: Arc<AtomicUsize>) {
+    while let Some(mut data) = rx.recv().await {
+        while data.len() < COALESCE {
+            match rx.try_recv() {
+                Ok(more) => data.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if half.write_all(&data).await.is_err() {
+            break;
+        }
+        queued.fetch_sub(data.len(), Ordering::Relaxed);
+    }
+    let _ = half.shutdown().await;
+}
+
+#[derive(Debug, PartialEq)]
+enum Flow {
+    Go,
+    /// The client side ended (gracefully: it sent DISCONNECT).
+    Gone(bool),
+    /// The connection ends, for this reason.
+    End(String),
+}
+
+fn ack(packet_id: u16) -> Ack {
+    Ack { packet_id, reason: None, properties: None }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+fn msg_of(p: &Publish) -> Msg {
+    Msg {
+        topic: p.topic.clone(),
+        qos: p.qos,
+        retain: p.retain,
+        dup: p.dup,
+        packet_id: p.packet_id.unwrap_or(0),
+        user: p
+            .properties
+            .iter()
+            .filter_map(|prop| match &prop.value {
+                PropValue::Pair(k, v) => Some((k.clone(), v.clone())),
+                _ => None,
+            })
+            .collect(),
+        expiry: int_property(&p.properties, MESSAGE_EXPIRY),
+        payload: p.payload.clone(),
+    }
+}
+
+/// Resolves a topic alias against `aliases` and removes it, so the other leg sees the
+/// full topic (the sidecar may drop a packet that set an alias, which would leave the
+/// other side without it).
+fn resolve_alias(p: &mut Publish, aliases: &mut HashMap<u16, String>) -> Result<(), String> {
+    let Some(alias) = int_property(&p.properties, TOPIC_ALIAS) else { return Ok(()) };
+    let alias = alias as u16;
+    if p.topic.is_empty() {
+        p.topic = aliases.get(&alias).cloned().ok_or_else(|| format!("unknown topic alias {alias}"))?;
+    } else {
+        aliases.insert(alias, p.topic.clone());
+    }
+    p.properties.retain(|prop| prop.id != TOPIC_ALIAS);
+    Ok(())
+}
+
+/// Apply a verdict's changes to a message about to be forwarded.
+fn stamp(p: &mut Publish, v: &Verdict, version: Version) {
+    if let Some(topic) = &v.topic {
+        p.topic = topic.clone();
+    }
+    if version != Version::V5 {
+        return;
+    }
+    if let Some(expiry) = v.expiry {
+        p.properties.retain(|prop| prop.id != MESSAGE_EXPIRY);
+        p.properties.push(Property { id: MESSAGE_EXPIRY, value: PropValue::U32(expiry) });
+    }
+    for (k, val) in &v.user {
+        p.properties.push(Property { id: USER_PROPERTY, value: PropValue::Pair(k.clone(), val.clone()) });
+    }
+}
+
+/// Serve one accepted client until both legs are closed.
+pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
+    let _ = client.set_nodelay(true);
+    let (mut client_read, client_write) = client.into_split();
+    let mut decoder = Decoder::new(ctx.client_limits, None);
+    let mut buf = vec![0u8; READ_SIZE];
+    let mut packets = Vec::new();
+    let first = timeout(CONNECT_TIMEOUT, async {
+        loop {
+            let n = match client_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => n,
+            };
+            match decoder.feed(&buf[..n], &mut packets) {
+                Ok(()) if packets.is_empty() => continue,
+                Ok(()) => return Some(Ok(())),
+                Err(error) => return Some(Err(error)),
+            }
+        }
+    })
+    .await;
+    let mut client_write = client_write;
+    let connect = match first {
+        Ok(Some(Ok(()))) => match packets.remove(0) {
+            Packet::Connect(connect) => connect,
+            other => {
+                let error = MqttError::protocol(format!("first packet is {}, not CONNECT", other.name()));
+                refuse_early(&ctx, &mut client_write, &error).await;
+                return;
+            }
+        },
+        Ok(Some(Err(error))) => {
+            refuse_early(&ctx, &mut client_write, &error).await;
+            return;
+        }
+        _ => return,
+    };
+    let version = connect.version;
+    let conn = ctx.next_conn.fetch_add(1, Ordering::Relaxed);
+    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    ctx.register(conn, cmd_tx);
+    ctx.events.push(Event::Opened {
+        conn,
+        client_id: connect.client_id.clone(),
+        level: version.level(),
+        clean: connect.clean_start,
+        peer: peer.to_string(),
+    });
+    let (to_client, client_task) = Out::new(client_write, version);
+    let upstream = match timeout(CONNECT_TIMEOUT, TcpStream::connect((ctx.upstream.0.as_str(), ctx.upstream.1))).await {
+        Ok(Ok(stream)) => stream,
+        failure => {
+            let why = match failure {
+                Ok(Err(error)) => format!("broker unreachable: {error}"),
+                _ => "broker unreachable: connect timed out".to_string(),
+            };
+            let code = if version == Version::V5 { UNAVAILABLE_V5 } else { UNAVAILABLE_V311 };
+            to_client.packet(&Packet::ConnAck(crate::mqtt::ConnAck { session_present: false, code, properties: Vec::new() }));
+            finish(&ctx, conn, to_client, client_task, None, why).await;
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    let (upstream_read, upstream_write) = upstream.into_split();
+    let (to_upstream, upstream_task) = Out::new(upstream_write, version);
+    let keep_alive = connect.keep_alive;
+    to_upstream.packet(&Packet::Connect(connect));
+    let mut session = Session {
+        ctx: ctx.clone(),
+        conn,
+        version,
+        to_client,
+        to_upstream,
+        ids: Ids::new(),
+        client_aliases: HashMap::new(),
+        upstream_aliases: HashMap::new(),
+        local_rel: HashSet::new(),
+        withheld_rel: HashSet::new(),
+        gone: false,
+        disconnect: None,
+        connected: false,
+        settled: Vec::new(),
+        acked: Vec::new(),
+    };
+    let reason = session
+        .run(packets, decoder, client_read, upstream_read, cmd_rx, keep_alive)
+        .await;
+    let Session { to_client, to_upstream, .. } = session;
+    finish(&ctx, conn, to_client, client_task, Some((to_upstream, upstream_task)), reason).await;
+}
+
+/// A client refused before its session exists: a CONNACK saying why when its version is
+/// known, then the socket is closed.
+async fn refuse_early(ctx: &Ctx, client: &mut OwnedWriteHalf, error: &MqttError) {
+    ctx.events.push(Event::ProtocolError { conn: 0, side: "client", kind: error.kind, detail: error.detail.clone() });
+    if error.kind == "unsupported-version" {
+        // The 3.1.1 answer (return code 1, "unacceptable protocol version"): a client
+        // of an unknown level understands no other.
+        let _ = client.write_all(&[0x20, 2, 0, 1]).await;
+    }
+    let _ = client.shutdown().await;
+}
+
+async fn finish(
+    ctx: &Ctx,
+    conn: u64,
+    to_client: Out,
+    client_task: tokio::task::JoinHandle<()>,
+    upstream: Option<(Out, tokio::task::JoinHandle<()>)>,
+    reason: String,
+) {
+    ctx.unregister(conn);
+    drop(to_client);
+    let mut tasks = vec![client_task];
+    if let Some((out, task)) = upstream {
+        drop(out);
+        tasks.push(task);
+    }
+    for task in tasks {
+        // What was queued (a CONNACK, a DISCONNECT) leaves first, unless the peer stopped
+        // reading: then the writer is ended, which closes the socket.
+        let abort = task.abort_handle();
+        if timeout(Duration::from_secs(1), task).await.is_err() {
+            abort.abort();
+        }
+    }
+    ctx.events.push(Event::Closed { conn, reason });
+}
+
+struct Session {
+    ctx: Arc<Ctx>,
+    conn: u64,
+    version: Version,
+    to_client: Out,
+    to_upstream: Out,
+    ids: Ids,
+    client_aliases: HashMap<u16, String>,
+    upstream_aliases: HashMap<u16, String>,
+    /// The client's QoS 2 publishes the sidecar answered itself (dropped): their PUBREL
+    /// is answered here too.
+    local_rel: HashSet<u16>,
+    /// The broker's QoS 2 deliveries the guard acknowledged upstream itself.
+    withheld_rel: HashSet<u16>,
+    gone: bool,
+    /// The client's DISCONNECT, forwarded upstream once the guard released the connection.
+    disconnect: Option<Packet>,
+    /// The broker accepted the CONNECT.
+    connected: bool,
+    settled: Vec<(u64, u8)>,
+    acked: Vec<u16>,
+}
+
+impl Session {
+    async fn run(
+        &mut self,
+        pending: Vec<Packet>,
+        mut client_decoder: Decoder,
+        mut client_read: tokio::net::tcp::OwnedReadHalf,
+        mut upstream_read: tokio::net::tcp::OwnedReadHalf,
+        mut cmds: mpsc::UnboundedReceiver<Cmd>,
+        keep_alive: u16,
+    ) -> String {
+        let mut upstream_decoder = Decoder::new(self.ctx.broker_limits, Some(self.version));
+        let mut client_buf = vec![0u8; READ_SIZE];
+        let mut upstream_buf = vec![0u8; READ_SIZE];
+        // MQTT: a server may close a connection silent for 1.5 times the keep-alive.
+        let idle = Duration::from_millis(u64::from(keep_alive) * 1500);
+        let mut deadline = Instant::now() + idle;
+        let mut release_at: Option<Instant> = None;
+        let mut flow = self.client_packets(pending).await;
+        loop {
+            match std::mem::replace(&mut flow, Flow::Go) {
+                Flow::Go => {}
+                Flow::End(reason) => {
+                    self.report_lost();
+                    return reason;
+                }
+                Flow::Gone(graceful) => {
+                    if !self.gone {
+                        self.gone = true;
+                        if !self.connected {
+                            self.report_lost();
+                            return "client left before the broker accepted it".to_string();
+                        }
+                        self.ctx.events.push(Event::Gone { conn: self.conn, graceful });
+                        release_at = Some(Instant::now() + self.ctx.release_grace);
+                    }
+                }
+            }
+            let upstream_paused = self.to_client.queued() > HIGH_WATER && !self.gone;
+            let client_paused = self.to_upstream.queued() > HIGH_WATER;
+            tokio::select! {
+                read = client_read.read(&mut client_buf), if !self.gone && !client_paused => {
+                    match read {
+                        Ok(0) | Err(_) => flow = Flow::Gone(false),
+                        Ok(n) => {
+                            deadline = Instant::now() + idle;
+                            let mut packets = Vec::new();
+                            let decoded = client_decoder.feed(&client_buf[..n], &mut packets);
+                            flow = self.client_packets(packets).await;
+                            if let (Flow::Go, Err(error)) = (&flow, decoded) {
+                                flow = self.client_error(&error);
+                            }
+                        }
+                    }
+                }
+                read = upstream_read.read(&mut upstream_buf), if !upstream_paused => {
+                    match read {
+                        Ok(0) => flow = Flow::End("broker closed the connection".to_string()),
+                        Err(error) => flow = Flow::End(format!("broker connection failed: {error}")),
+                        Ok(n) => {
+                            let mut packets = Vec::new();
+                            let decoded = upstream_decoder.feed(&upstream_buf[..n], &mut packets);
+                            flow = self.upstream_packets(packets).await;
+                            if let (Flow::Go, Err(error)) = (&flow, decoded) {
+                                self.ctx.events.push(Event::ProtocolError { conn: self.conn, side: "broker", kind: error.kind, detail: error.detail.clone() });
+                                flow = Flow::End(format!("broker sent a {error}"));
+                            }
+                        }
+                    }
+                }
+                cmd = cmds.recv() => {
+                    flow = match cmd {
+                        Some(cmd) => self.command(cmd),
+                        None => Flow::End("sidecar stopping".to_string()),
+                    };
+                }
+                _ = sleep(PAUSE_POLL), if upstream_paused || client_paused => {}
+                _ = sleep_until(deadline), if keep_alive > 0 && !self.gone => {
+                    if self.version == Version::V5 {
+                        self.to_client.packet(&Packet::Disconnect(Reasoned { reason: Some(KEEP_ALIVE_TIMEOUT), properties: None }));
+                    }
+                    flow = Flow::Gone(false);
+                }
+                _ = sleep_until(release_at.unwrap_or_else(Instant::now)), if release_at.is_some() => {
+                    flow = Flow::End("client gone; release grace period over".to_string());
+                }
+            }
+        }
+    }
+
+    /// Every exchange still open is reported as lost.
+    fn report_lost(&mut self) {
+        for owner in self.ids.take_all() {
+            match owner {
+                Owner::Client { token, .. } => self.settled.push((token, LOST)),
+                Owner::Own { token } => self.ctx.events.push(Event::Published { token, reason: LOST }),
+            }
+        }
+        self.flush_reports();
+    }
+
+    fn flush_reports(&mut self) {
+        if !self.settled.is_empty() {
+            self.ctx.events.push(Event::Settled { conn: self.conn, outcomes: std::mem::take(&mut self.settled) });
+        }
+        if !self.acked.is_empty() {
+            self.ctx.events.push(Event::Acked { conn: self.conn, packet_ids: std::mem::take(&mut self.acked) });
+        }
+    }
+
+    fn client_error(&mut self, error: &MqttError) -> Flow {
+        self.ctx.events.push(Event::ProtocolError { conn: self.conn, side: "client", kind: error.kind, detail: error.detail.clone() });
+        if self.version == Version::V5 {
+            self.to_client.packet(&Packet::Disconnect(Reasoned { reason: Some(error.reason_code()), properties: None }));
+        }
+        Flow::Gone(false)
+    }
+
+    async fn client_packets(&mut self, packets: Vec<Packet>) -> Flow {
+        let mut batch = Vec::new();
+        let mut flow = Flow::Go;
+        for packet in packets {
+            match packet {
+                Packet::Publish(publish) => batch.push(publish),
+                other => {
+                    flow = self.flush_sends(std::mem::take(&mut batch)).await;
+                    if flow == Flow::Go {
+                        flow = self.client_packet(other);
+                    }
+                    if flow != Flow::Go {
+                        break;
+                    }
+                }
+            }
+        }
+        if flow == Flow::Go {
+            flow = self.flush_sends(batch).await;
+        }
+        self.flush_reports();
+        flow
+    }
+
+    fn client_packet(&mut self, packet: Packet) -> Flow {
+        match packet {
+            Packet::PubAck(a) | Packet::PubRec(a) if self.gone => {
+                let _ = a;
+                Flow::Go
+            }
+            Packet::PubAck(a) => {
+                self.acked.push(a.packet_id);
+                self.to_upstream.packet(&Packet::PubAck(a));
+                Flow::Go
+            }
+            Packet::PubRec(a) => {
+                if a.reason.unwrap_or(0) < 0x80 {
+                    self.acked.push(a.packet_id);
+                }
+                self.to_upstream.packet(&Packet::PubRec(a));
+                Flow::Go
+            }
+            Packet::PubRel(mut a) => {
+                if self.local_rel.remove(&a.packet_id) {
+                    self.to_client.packet(&Packet::PubComp(ack(a.packet_id)));
+                } else {
+                    if let Some(upstream) = self.ids.upstream_of(a.packet_id) {
+                        a.packet_id = upstream;
+                    }
+                    self.to_upstream.packet(&Packet::PubRel(a));
+                }
+                Flow::Go
+            }
+            Packet::Disconnect(r) => {
+                self.disconnect = Some(Packet::Disconnect(r));
+                Flow::Gone(true)
+            }
+            p @ (Packet::PubComp(_) | Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::PingReq | Packet::Auth(_)) => {
+                self.to_upstream.packet(&p);
+                Flow::Go
+            }
+            other => self.client_error(&MqttError::protocol(format!("{} from a client", other.name()))),
+        }
+    }
+
+    async fn flush_sends(&mut self, mut batch: Vec<Publish>) -> Flow {
+        if batch.is_empty() {
+            return Flow::Go;
+        }
+        for publish in batch.iter_mut() {
+            if let Err(detail) = resolve_alias(publish, &mut self.client_aliases) {
+                return self.client_error(&MqttError::protocol(detail));
+            }
+        }
+        let messages: Vec<Msg> = batch.iter().map(msg_of).collect();
+        let conn = self.conn;
+        let Some(verdicts) = self.ctx.decide(|batch| Event::Sends { conn, batch, messages }).await else {
+            return Flow::End("sidecar stopping".to_string());
+        };
+        for (index, mut publish) in batch.into_iter().enumerate() {
+            let verdict = verdicts.get(index).cloned().unwrap_or(Verdict { action: REJECT, ..Verdict::default() });
+            let client_id = publish.packet_id.unwrap_or(0);
+            match verdict.action {
+                FORWARD => {
+                    stamp(&mut publish, &verdict, self.version);
+                    if publish.qos == 0 {
+                        if self.to_upstream.packet(&Packet::Publish(publish)) {
+                            self.settled.push((verdict.token, 0));
+                        }
+                        continue;
+                    }
+                    let Some(upstream_id) = self.ids.map_client(client_id, publish.qos, verdict.token) else {
+                        return Flow::End("no upstream packet id left".to_string());
+                    };
+                    publish.packet_id = Some(upstream_id);
+                    let qos = publish.qos;
+                    if !self.to_upstream.packet(&Packet::Publish(publish)) {
+                        self.ids.release(upstream_id);
+                        let refused = Verdict { reason: Some("the message cannot be encoded".to_string()), ..verdict };
+                        if let Flow::Gone(g) = self.refuse(client_id, qos, &refused) {
+                            return Flow::Gone(g);
+                        }
+                    }
+                }
+                DROP => match publish.qos {
+                    1 => {
+                        self.to_client.packet(&Packet::PubAck(ack(client_id)));
+                    }
+                    2 => {
+                        self.local_rel.insert(client_id);
+                        self.to_client.packet(&Packet::PubRec(ack(client_id)));
+                    }
+                    _ => {}
+                },
+                _ => {
+                    if let Flow::Gone(g) = self.refuse(client_id, publish.qos, &verdict) {
+                        return Flow::Gone(g);
+                    }
+                }
+            }
+        }
+        Flow::Go
+    }
+
+    /// Tell the client its publish was refused: an MQTT 5 PUBACK/PUBREC with a failure
+    /// reason code; MQTT 3.1.1 has none, so the connection is closed (the client keeps
+    /// the message and retries it on its next connection).
+    fn refuse(&mut self, client_id: u16, qos: u8, verdict: &Verdict) -> Flow {
+        if qos == 0 {
+            return Flow::Go;
+        }
+        if self.version != Version::V5 {
+            return Flow::Gone(false);
+        }
+        let properties: Properties = match &verdict.reason {
+            Some(reason) if !reason.is_empty() => {
+                vec![Property { id: REASON_STRING, value: PropValue::Str(truncate(reason, MAX_REASON)) }]
+            }
+            _ => Vec::new(),
+        };
+        let answer = Ack { packet_id: client_id, reason: Some(REFUSED), properties: Some(properties) };
+        let packet = if qos == 1 { Packet::PubAck(answer) } else { Packet::PubRec(answer) };
+        if !self.to_client.packet(&packet) {
+            self.to_client.packet(&if qos == 1 {
+                Packet::PubAck(Ack { packet_id: client_id, reason: Some(REFUSED), properties: None })
+            } else {
+                Packet::PubRec(Ack { packet_id: client_id, reason: Some(REFUSED), properties: None })
+            });
+        }
+        Flow::Go
+    }
+
+    async fn upstream_packets(&mut self, packets: Vec<Packet>) -> Flow {
+        let mut batch = Vec::new();
+        let mut flow = Flow::Go;
+        for packet in packets {
+            match packet {
+                Packet::Publish(publish) => batch.push(publish),
+                other => {
+                    flow = self.flush_deliveries(std::mem::take(&mut batch)).await;
+                    if flow == Flow::Go {
+                        flow = self.upstream_packet(other);
+                    }
+                    if flow != Flow::Go {
+                        break;
+                    }
+                }
+            }
+        }
+        if flow == Flow::Go {
+            flow = self.flush_deliveries(batch).await;
+        }
+        self.flush_reports();
+        flow
+    }
+
+    fn upstream_packet(&mut self, packet: Packet) -> Flow {
+        match packet {
+            Packet::ConnAck(connack) => {
+                let accepted = connack.code == 0;
+                self.to_client.packet(&Packet::ConnAck(connack));
+                if !accepted {
+                    return Flow::End("broker refused the connection".to_string());
+                }
+                self.connected = true;
+                Flow::Go
+            }
+            Packet::PubAck(mut a) => {
+                match self.ids.release(a.packet_id) {
+                    Some(Owner::Client { client_id, token, .. }) => {
+                        self.settled.push((token, a.reason.unwrap_or(0)));
+                        if !self.gone {
+                            a.packet_id = client_id;
+                            self.to_client.packet(&Packet::PubAck(a));
+                        }
+                    }
+                    Some(Owner::Own { token }) => {
+                        self.ctx.events.push(Event::Published { token, reason: a.reason.unwrap_or(0) });
+                    }
+                    None => {}
+                }
+                Flow::Go
+            }
+            Packet::PubRec(mut a) => {
+                let reason = a.reason.unwrap_or(0);
+                if let Some(Owner::Client { client_id, token, .. }) = self.ids.owner(a.packet_id) {
+                    self.settled.push((token, reason));
+                    if reason >= 0x80 {
+                        self.ids.release(a.packet_id);
+                    }
+                    if !self.gone {
+                        a.packet_id = client_id;
+                        self.to_client.packet(&Packet::PubRec(a));
+                    }
+                }
+                Flow::Go
+            }
+            Packet::PubComp(mut a) => {
+                if let Some(Owner::Client { client_id, .. }) = self.ids.release(a.packet_id) {
+                    if !self.gone {
+                        a.packet_id = client_id;
+                        self.to_client.packet(&Packet::PubComp(a));
+                    }
+                }
+                Flow::Go
+            }
+            Packet::PubRel(a) => {
+                if self.withheld_rel.remove(&a.packet_id) {
+                    self.to_upstream.packet(&Packet::PubComp(ack(a.packet_id)));
+                } else if !self.gone {
+                    self.to_client.packet(&Packet::PubRel(a));
+                }
+                Flow::Go
+            }
+            Packet::Disconnect(r) => {
+                if !self.gone {
+                    self.to_client.packet(&Packet::Disconnect(r));
+                }
+                Flow::End("broker sent DISCONNECT".to_string())
+            }
+            p @ (Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp | Packet::Auth(_)) => {
+                if !self.gone {
+                    self.to_client.packet(&p);
+                }
+                Flow::Go
+            }
+            other => {
+                self.ctx.events.push(Event::ProtocolError { conn: self.conn, side: "broker", kind: "protocol", detail: format!("{} from the broker", other.name()) });
+                Flow::End("broker sent a client packet".to_string())
+            }
+        }
+    }
+
+    async fn flush_deliveries(&mut self, mut batch: Vec<Publish>) -> Flow {
+        // A client that is gone gets nothing: the broker keeps what it has not had
+        // acknowledged in the session, for its next connection.
+        if batch.is_empty() || self.gone {
+            return Flow::Go;
+        }
+        for publish in batch.iter_mut() {
+            if let Err(detail) = resolve_alias(publish, &mut self.upstream_aliases) {
+                self.ctx.events.push(Event::ProtocolError { conn: self.conn, side: "broker", kind: "protocol", detail: detail.clone() });
+                return Flow::End(detail);
+            }
+        }
+        let messages: Vec<Msg> = batch.iter().map(msg_of).collect();
+        let conn = self.conn;
+        let Some(verdicts) = self.ctx.decide(|batch| Event::Deliveries { conn, batch, messages }).await else {
+            return Flow::End("sidecar stopping".to_string());
+        };
+        for (index, mut publish) in batch.into_iter().enumerate() {
+            let verdict = verdicts.get(index).cloned().unwrap_or_default();
+            if verdict.action == FORWARD {
+                stamp(&mut publish, &Verdict { topic: None, user: Vec::new(), ..verdict }, self.version);
+                self.to_client.packet(&Packet::Publish(publish));
+            }
+        }
+        Flow::Go
+    }
+
+    fn command(&mut self, cmd: Cmd) -> Flow {
+        match cmd {
+            Cmd::Ack { packet_id, qos } => {
+                if qos == 2 {
+                    self.withheld_rel.insert(packet_id);
+                    self.to_upstream.packet(&Packet::PubRec(ack(packet_id)));
+                } else if qos == 1 {
+                    self.to_upstream.packet(&Packet::PubAck(ack(packet_id)));
+                }
+                Flow::Go
+            }
+            Cmd::Publish { token, topic, payload, retain, user, expiry } => {
+                let id = if self.connected { self.ids.map_own(token) } else { None };
+                let Some(id) = id else {
+                    self.ctx.events.push(Event::Published { token, reason: LOST });
+                    return Flow::Go;
+                };
+                let mut publish = Publish { dup: false, qos: 1, retain, topic, packet_id: Some(id), properties: Vec::new(), payload };
+                stamp(&mut publish, &Verdict { expiry, user, ..Verdict::default() }, self.version);
+                if !self.to_upstream.packet(&Packet::Publish(publish)) {
+                    self.ids.release(id);
+                    self.ctx.events.push(Event::Published { token, reason: REFUSED });
+                }
+                Flow::Go
+            }
+            Cmd::Release => {
+                if !self.gone {
+                    return Flow::Go;
+                }
+                if let Some(disconnect) = self.disconnect.take() {
+                    self.to_upstream.packet(&disconnect);
+                }
+                Flow::End("client gone".to_string())
+            }
+            Cmd::Abort => Flow::End("closed by the sidecar".to_string()),
+        }
+    }
+}
