@@ -1,0 +1,160 @@
+"""The MQTT sidecar against bad input and bad peers, in front of REAL Mosquitto: malformed
+and over-limit packets get the right answer and never take the sidecar down; a client
+that stops reading holds up only itself; a broker restart."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mqguard_tests.mqtt_raw import RawMqtt
+
+from mqguard.config import parse_config
+from mqguard.mqtt_codec import mqtt_connect, mqtt_publish, mqtt_subscribe
+from mqguard.mqtt_sidecar.server import MqttSidecar
+from mqguard.mqtt_sidecar.thread import MqttSidecarThread
+from mqguard.servers import ServerHandle, start_mosquitto
+
+pytestmark = pytest.mark.mosquitto
+
+
+def upstream_of(server: ServerHandle) -> tuple[str, int]:
+    return "127.0.0.1", server.port("mqtt")
+
+
+def config(tmp_path: Path, **sidecar: Any) -> Any:
+    return parse_config({"mqguard": {"node-id": "mqtt-robustness",
+                                     "event-log": {"directory": str(tmp_path / "events")},
+                                     "sidecar": dict(sidecar)}})
+
+
+@pytest.fixture
+def proxy(mqguard_mosquitto_server: ServerHandle, tmp_path: Path) -> Iterator[MqttSidecarThread]:
+    sidecar = MqttSidecar(config(tmp_path, **{"max-frame-bytes": 4096}),
+                          upstream_of(mqguard_mosquitto_server), admin=("127.0.0.1", 0))
+    with MqttSidecarThread(sidecar) as running:
+        yield running
+
+
+def still_serves(proxy: MqttSidecarThread, name: str) -> None:
+    """A fresh client's round trip through the sidecar works."""
+    client = RawMqtt(proxy.port, f"{name}-check")
+    client.subscribe(f"alive/{name}")
+    client.publish(f"alive/{name}", b"ping", packet_id=1)
+    client.expect("PUBACK")
+    assert client.expect("PUBLISH").payload == b"ping"
+    client.disconnect()
+
+
+def metrics(proxy: MqttSidecarThread) -> str:
+    url = f"http://127.0.0.1:{proxy.sidecar.admin_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return str(answer.read().decode())
+
+
+def test_malformed_packet_mqtt5_gets_disconnect_0x81(proxy: MqttSidecarThread,
+                                                     mqguard_unique_name: str) -> None:
+    client = RawMqtt(proxy.port, mqguard_unique_name)
+    client.send_raw(bytes([0x36, 0x00]))  # PUBLISH with QoS 3
+    disconnect = client.expect("DISCONNECT")
+    assert disconnect.reason_code == 0x81
+    assert client.wait_closed()
+    still_serves(proxy, mqguard_unique_name)
+    assert 'mqguard_mqtt_sidecar_protocol_errors_total{kind="malformed",side="client"} 1.0' \
+        in metrics(proxy)
+
+
+def test_over_limit_packet_gets_disconnect_0x95(proxy: MqttSidecarThread,
+                                                mqguard_unique_name: str) -> None:
+    client = RawMqtt(proxy.port, mqguard_unique_name)
+    client.publish("big/one", b"x" * 8192, packet_id=1)
+    assert client.expect("DISCONNECT").reason_code == 0x95
+    assert client.wait_closed()
+    assert client.collect("PUBACK", 0.2) == []
+    still_serves(proxy, mqguard_unique_name)
+
+
+def test_malformed_mqtt311_is_closed(proxy: MqttSidecarThread, mqguard_unique_name: str) -> None:
+    client = RawMqtt(proxy.port, mqguard_unique_name, version="3.1.1")
+    # A PUBLISH whose topic is U+0000, in two reads.
+    client.send_raw(bytes([0x30, 0x05, 0x00]))
+    client.send_raw(bytes([0x01, 0x00, 0x00, 0x00]))
+    assert client.wait_closed()
+    still_serves(proxy, mqguard_unique_name)
+
+
+@pytest.mark.parametrize(("data", "answer"), [
+    # CONNECT of protocol level 6: the 3.1.1 refusal "unacceptable protocol version".
+    (bytes([0x10, 0x0D, 0x00, 0x04]) + b"MQTT" + bytes([6, 2, 0, 60, 0, 1]) + b"c",
+     bytes([0x20, 2, 0, 1])),
+    # Not a CONNECT first.
+    (bytes([0xC0, 0x00]), b""),
+    # Garbage.
+    (b"GET / HTTP/1.1\r\n\r\n", b""),
+], ids=["level-6", "pingreq-first", "http"])
+def test_bad_handshakes_are_refused(proxy: MqttSidecarThread, mqguard_unique_name: str,
+                                    data: bytes, answer: bytes) -> None:
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    sock.sendall(data)
+    got = b""
+    while chunk := sock.recv(1024):
+        got += chunk
+    sock.close()
+    assert got == answer
+    still_serves(proxy, mqguard_unique_name)
+
+
+def test_client_that_stops_reading_holds_up_only_itself(proxy: MqttSidecarThread,
+                                                        mqguard_unique_name: str) -> None:
+    topic = f"flood/{mqguard_unique_name}"
+    stuck = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    # The stuck subscriber: CONNECT and SUBSCRIBE, then it never reads again.
+    stuck.sendall(mqtt_connect(f"{mqguard_unique_name}-stuck").encode()
+                  + mqtt_subscribe(1, [(topic, 0)]).encode())
+    time.sleep(0.3)
+    pub = RawMqtt(proxy.port, f"{mqguard_unique_name}-p")
+    payload = b"y" * 2000
+    for _ in range(1500):  # ~3 MB toward a reader that takes nothing
+        pub.send(mqtt_publish(topic, payload, qos=0))
+    pub.publish(topic, b"last", packet_id=9)
+    pub.expect("PUBACK", timeout=20)
+    still_serves(proxy, mqguard_unique_name)
+    stuck.close()
+    pub.disconnect()
+    still_serves(proxy, f"{mqguard_unique_name}-after")
+
+
+def test_broker_restart(tmp_path: Path, mqguard_unique_name: str) -> None:
+    broker = start_mosquitto()
+    port = broker.port("mqtt")
+    state = broker.state_dir
+    sidecar = MqttSidecar(config(tmp_path), ("127.0.0.1", port))
+    try:
+        with MqttSidecarThread(sidecar) as running:
+            session = [("session_expiry_interval", 600)]
+            sub = RawMqtt(running.port, f"{mqguard_unique_name}-s", clean=False,
+                          properties=session)
+            sub.subscribe("restart/t")
+            broker.stop()
+            assert sub.wait_closed(), "the client's connection ends with the broker's"
+            down = RawMqtt(running.port, f"{mqguard_unique_name}-down")
+            assert down.connack is not None and down.connack.reason_code == 0x88
+            assert down.wait_closed()
+            broker = start_mosquitto(state_dir=state, port=port)
+            pub = RawMqtt(running.port, f"{mqguard_unique_name}-p")
+            sub = RawMqtt(running.port, f"{mqguard_unique_name}-s", clean=False,
+                          properties=session)
+            assert sub.connack is not None and sub.connack.session_present
+            pub.publish("restart/t", b"after", packet_id=3)
+            pub.expect("PUBACK")
+            assert sub.expect("PUBLISH").payload == b"after"
+            sub.disconnect()
+            pub.disconnect()
+    finally:
+        broker.stop()
