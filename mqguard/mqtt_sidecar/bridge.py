@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -25,6 +26,7 @@ from mqguard.adapter import Delivery
 from mqguard.context import HookContext
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
+from mqguard.message import derived_message_id, new_message_id
 from mqguard.mqtt_sidecar.leg import DeliveryToken, MqttLeg, Publications
 from mqguard.mqtt_sidecar.messages import (
     MqttMessage,
@@ -66,6 +68,9 @@ class _Connection:
     #: Deliveries handed to the client and not acknowledged yet, by packet id.
     inflight: dict[int, tuple[Delivery, HookContext]] = field(default_factory=dict)
     gone: bool = False
+    #: The connection's producer id; its sends are numbered (the consumer audit's key).
+    producer_id: str = field(default_factory=new_message_id)
+    sequence: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
 
 class MqttBridge:
@@ -154,6 +159,13 @@ class MqttBridge:
             plane.verdicts(batch, [])  # every message refused
             return
         guarded = [send_message(mqtt) for mqtt in messages]
+        for message in guarded:
+            if message.producer_id is None:
+                message.producer_id = connection.producer_id
+                message.sequence = next(connection.sequence)
+                if not message.message_id:
+                    message.message_id = derived_message_id(connection.producer_id,
+                                                            message.sequence)
         try:
             decision = self.guard.decide_sends(guarded, connection.leg.capabilities,
                                                broker=self.broker, sender=f"mqtt:{conn}")
@@ -175,11 +187,22 @@ class MqttBridge:
             token = next(self._tokens)
             connection.sends[token] = result
             topic = address_to_topic(forward.address) if result.moved else None
-            expiry = expiry_interval(forward.expiration) if v5 else None
+            expiry = self._send_expiry(mqtt, forward.expiration) if v5 else None
             user = user_properties(forward, mqtt.user) if v5 else []
             self.metrics.message("send", "moved" if result.moved else "forwarded")
             verdicts.append((_FORWARD, token, topic, expiry, user, None))
         plane.verdicts(batch, verdicts)
+
+    @staticmethod
+    def _send_expiry(mqtt: MqttMessage, expiration: int) -> int | None:
+        """The Message Expiry Interval the broker sees. A retained message keeps one (the
+        broker drops an expired retained message itself; the guard would otherwise move it
+        again for every new subscriber); any other gets none (0 removes the client's):
+        its expiration travels as ``mqguard-expires`` and the guard expires it at delivery,
+        to the expiry address, instead of the broker dropping it unseen."""
+        if mqtt.retain:
+            return expiry_interval(expiration)
+        return 0 if expiration or mqtt.expiry is not None else None
 
     def settled(self, conn: int, outcomes: list[tuple[int, int]]) -> None:
         connection = self._connections.get(conn)
@@ -222,7 +245,10 @@ class MqttBridge:
                 verdicts.append((_WITHHOLD, 0, None, None, [], None))
                 continue
             self.metrics.message("deliver", "forwarded")
-            verdicts.append((_FORWARD, 0, None, None, [], None))
+            # The remaining time, as the subscriber's Message Expiry Interval.
+            expiry = (expiry_interval(delivery.message.expiration)
+                      if connection.level == 5 else None)
+            verdicts.append((_FORWARD, 0, None, expiry, [], None))
             if mqtt.qos == 0:
                 finished.append((delivery, ctx, None))
             else:

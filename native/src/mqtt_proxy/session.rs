@@ -57,7 +57,7 @@ pub struct Verdict {
     pub token: u64,
     /// Another topic to publish to (a MOVE).
     pub topic: Option<String>,
-    /// Message Expiry Interval to set (MQTT 5).
+    /// Message Expiry Interval to set (MQTT 5); 0 removes it.
     pub expiry: Option<u32>,
     /// User properties to add (MQTT 5).
     pub user: Vec<(String, String)>,
@@ -225,8 +225,12 @@ fn stamp(p: &mut Publish, v: &Verdict, version: Version) {
         return;
     }
     if let Some(expiry) = v.expiry {
+        // 0 removes the interval: the guard carries the expiration itself (see
+        // docs/sidecar-mqtt.md, "Expiry"), so the broker cannot drop the message unseen.
         p.properties.retain(|prop| prop.id != MESSAGE_EXPIRY);
-        p.properties.push(Property { id: MESSAGE_EXPIRY, value: PropValue::U32(expiry) });
+        if expiry > 0 {
+            p.properties.push(Property { id: MESSAGE_EXPIRY, value: PropValue::U32(expiry) });
+        }
     }
     for (k, val) in &v.user {
         p.properties.push(Property { id: USER_PROPERTY, value: PropValue::Pair(k.clone(), val.clone()) });
