@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import threading
@@ -187,3 +188,33 @@ def test_mosquitto_pub_and_sub_through_the_sidecar(proxy: MqttSidecarThread, ver
             sub.wait()
     assert sub.returncode == 0, err
     assert out.split() == ["m0", "m1", "m2"]
+
+
+NODE_CLIENT = Path(__file__).resolve().parents[1] / "support" / "mqtt-node"
+
+
+@pytest.fixture(scope="session")
+def npm_mqtt() -> Path:
+    """The npm ``mqtt`` client (deploy/local/install.sh installs it from its lock file)."""
+    script = NODE_CLIENT / "pubsub.js"
+    if not (NODE_CLIENT / "node_modules" / "mqtt").is_dir():
+        subprocess.run(["npm", "ci", "--prefix", str(NODE_CLIENT), "--no-audit", "--no-fund",
+                        "--loglevel=error"], check=True, timeout=600)
+    return script
+
+
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_npm_mqtt_client_through_the_sidecar(proxy: MqttSidecarThread, npm_mqtt: Path,
+                                             mqguard_unique_name: str, version: str) -> None:
+    run = subprocess.run(["node", str(npm_mqtt), "--port", str(proxy.port), "--topic",
+                          f"npm/{mqguard_unique_name}", "--count", "6", "--version", version,
+                          "--dup-id-every", "2"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0 and not result["errors"], (result, run.stderr)
+    if version == "5":
+        # Pairs share an _AMQ_DUPL_ID: the second of each pair is a duplicate.
+        assert result["received"] == ["m0", "m2", "m4"]
+        assert result["seq"] == ["0", "2", "4"]
+    else:
+        assert result["received"] == [f"m{i}" for i in range(6)]
