@@ -15,7 +15,7 @@ import pytest
 from mqguard_tests.mqtt_raw import RawMqtt
 
 from mqguard.config import parse_config
-from mqguard.mqtt_codec import mqtt_connect, mqtt_publish, mqtt_subscribe
+from mqguard.mqtt_codec import mqtt_connect, mqtt_publish, mqtt_simple, mqtt_subscribe
 from mqguard.mqtt_sidecar.server import MqttSidecar
 from mqguard.mqtt_sidecar.thread import MqttSidecarThread
 from mqguard.servers import ServerHandle, start_mosquitto
@@ -158,3 +158,35 @@ def test_broker_restart(tmp_path: Path, mqguard_unique_name: str) -> None:
             pub.disconnect()
     finally:
         broker.stop()
+
+
+def test_keep_alive_timeout_publishes_the_will(proxy: MqttSidecarThread,
+                                               mqguard_unique_name: str) -> None:
+    """PINGREQ passes through; a client silent for 1.5 x its keep-alive is disconnected
+    (MQTT 5: reason 0x8D) and, having sent no DISCONNECT, its will is published."""
+    watcher = RawMqtt(proxy.port, f"{mqguard_unique_name}-w")
+    watcher.subscribe(f"will/{mqguard_unique_name}")
+    client = RawMqtt(proxy.port, f"{mqguard_unique_name}-c", keep_alive=1,
+                     will={"topic": f"will/{mqguard_unique_name}", "payload": b"gone",
+                           "qos": 1})
+    client.send(mqtt_simple("PINGREQ"))
+    client.expect("PINGRESP")
+    assert client.expect("DISCONNECT", timeout=5).reason_code == 0x8D
+    assert client.wait_closed()
+    will = watcher.expect("PUBLISH", timeout=10)
+    assert will.payload == b"gone"
+    watcher.disconnect()
+
+
+def test_credentials_pass_through_and_never_reach_the_log(
+        proxy: MqttSidecarThread, mqguard_unique_name: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("DEBUG")
+    client = RawMqtt(proxy.port, mqguard_unique_name, connect=False)
+    client.send(mqtt_connect(mqguard_unique_name, username="device-user",
+                             password=b"s3cret-pass"))
+    assert client.expect("CONNACK").reason_code == 0  # Mosquitto allows anonymous
+    client.send_raw(bytes([0x36, 0x00]))  # malformed: logged with its detail
+    client.expect("DISCONNECT")
+    assert "s3cret-pass" not in caplog.text and "device-user" not in caplog.text
+    assert "malformed" in caplog.text
