@@ -62,7 +62,7 @@ class PlaneDriver:
     def __init__(self, loop: asyncio.AbstractEventLoop, handler: PlaneHandler, *,
                  upstream: tuple[str, int], max_packet_bytes: int, max_properties: int,
                  max_property_bytes: int, worker_threads: int = 1,
-                 release_grace_ms: int = 5000) -> None:
+                 release_grace_ms: int = 5000, max_connections: int = 1024) -> None:
         from mqguard_native import MqttPlane
 
         self._loop = loop
@@ -70,7 +70,8 @@ class PlaneDriver:
         self.plane: MqttPlane = MqttPlane(
             upstream[0], upstream[1], max_packet_bytes=max_packet_bytes,
             max_properties=max_properties, max_property_bytes=max_property_bytes,
-            worker_threads=worker_threads, release_grace_ms=release_grace_ms)
+            worker_threads=worker_threads, release_grace_ms=release_grace_ms,
+            max_connections=max_connections)
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
         self._closed = False
@@ -85,9 +86,15 @@ class PlaneDriver:
             try:
                 self._one(handler, kind, conn, a, b)
             except Exception:
-                # One event's failure must not strand the others (or the plane's sessions,
-                # which would wait for verdicts forever).
+                # One event's failure must not strand the others, nor its session, which
+                # waits for the batch's verdicts: sends are refused, deliveries withheld
+                # (left unacknowledged; the broker redelivers them). A batch answered
+                # already ignores this second answer.
                 log.exception("MQTT plane event %d on connection %d failed", kind, conn)
+                if kind == _SENDS:
+                    self.plane.verdicts(a, [])
+                elif kind == _DELIVERIES:
+                    self.plane.verdicts(a, [(1, 0, None, None, [], None)] * len(b))
 
     @staticmethod
     def _one(handler: PlaneHandler, kind: int, conn: int, a: Any, b: Any) -> None:

@@ -81,7 +81,7 @@ class MqttSidecar:
             asyncio.get_running_loop(), self.bridge, upstream=self.upstream,
             max_packet_bytes=limits.max_frame_bytes, max_properties=limits.max_header_count,
             max_property_bytes=limits.max_header_line_bytes,
-            release_grace_ms=self.release_grace_ms)
+            release_grace_ms=self.release_grace_ms, max_connections=limits.max_connections)
         self.bridge.attach(self.driver.plane)
         self.port = self.driver.listen(*self.listen_on)
         if self.admin_on is not None:

@@ -190,3 +190,28 @@ def test_credentials_pass_through_and_never_reach_the_log(
     client.expect("DISCONNECT")
     assert "s3cret-pass" not in caplog.text and "device-user" not in caplog.text
     assert "malformed" in caplog.text
+
+
+def test_connections_over_max_connections_are_refused(
+        mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    sidecar = MqttSidecar(config(tmp_path, **{"max-connections": 2}),
+                          upstream_of(mqguard_mosquitto_server))
+    with MqttSidecarThread(sidecar) as running:
+        first = RawMqtt(running.port, f"{mqguard_unique_name}-1")
+        second = RawMqtt(running.port, f"{mqguard_unique_name}-2", version="3.1.1")
+        third = RawMqtt(running.port, f"{mqguard_unique_name}-3")
+        assert third.connack is not None and third.connack.reason_code == 0x97
+        assert third.wait_closed()
+        old = RawMqtt(running.port, f"{mqguard_unique_name}-4", version="3.1.1")
+        assert old.connack is not None and old.connack.reason_code == 3
+        first.disconnect()
+        deadline = time.monotonic() + 10
+        while running.sidecar.driver is not None \
+                and running.sidecar.driver.plane.connection_count() > 1:
+            assert time.monotonic() < deadline, "the first connection did not end"
+            time.sleep(0.05)
+        again = RawMqtt(running.port, f"{mqguard_unique_name}-5")
+        assert again.connack is not None and again.connack.reason_code == 0
+        again.disconnect()
+        second.disconnect()

@@ -8,7 +8,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,7 +88,7 @@ impl MqttPlane {
     /// `max_packet_bytes` etc. bound what a client may send; `release_grace_ms` is how long
     /// an upstream connection outlives its client at most, waiting for `release`.
     #[new]
-    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000))]
+    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000, max_connections = 1024))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         upstream_host: String,
@@ -99,6 +99,7 @@ impl MqttPlane {
         max_filters: usize,
         worker_threads: usize,
         release_grace_ms: u64,
+        max_connections: usize,
     ) -> PyResult<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(worker_threads.clamp(1, 16))
@@ -118,6 +119,8 @@ impl MqttPlane {
                 client_limits,
                 broker_limits: Limits::default(),
                 release_grace: Duration::from_millis(release_grace_ms),
+                max_connections: max_connections.max(1),
+                accepted: AtomicUsize::new(0),
                 conns: Mutex::new(HashMap::new()),
                 waiting: Mutex::new(HashMap::new()),
                 next_conn: AtomicU64::new(1),
@@ -149,7 +152,18 @@ impl MqttPlane {
             loop {
                 match listener.accept().await {
                     Ok((stream, peer)) => {
-                        tokio::spawn(serve(ctx.clone(), stream, peer));
+                        // Handshakes count too: twice the sessions' budget at most, so
+                        // idle sockets cannot pile up without bound.
+                        if ctx.accepted.load(Ordering::Relaxed) >= ctx.max_connections.saturating_mul(2) {
+                            drop(stream);
+                            continue;
+                        }
+                        ctx.accepted.fetch_add(1, Ordering::Relaxed);
+                        let ctx = ctx.clone();
+                        tokio::spawn(async move {
+                            serve(ctx.clone(), stream, peer).await;
+                            ctx.accepted.fetch_sub(1, Ordering::Relaxed);
+                        });
                     }
                     // Out of descriptors and the like: wait instead of spinning.
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,

@@ -36,6 +36,8 @@ const REFUSED: u8 = 0x83;
 /// MQTT 5 "server unavailable" (3.1.1 return code 3): the broker cannot be reached.
 const UNAVAILABLE_V5: u8 = 0x88;
 const UNAVAILABLE_V311: u8 = 3;
+/// MQTT 5 "quota exceeded": the sidecar serves its maximum of connections already.
+const QUOTA_EXCEEDED: u8 = 0x97;
 /// MQTT 5 "keep alive timeout".
 const KEEP_ALIVE_TIMEOUT: u8 = 0x8D;
 
@@ -82,6 +84,10 @@ pub struct Ctx {
     pub client_limits: Limits,
     pub broker_limits: Limits,
     pub release_grace: Duration,
+    /// Client connections served at once (a CONNECT beyond it is refused).
+    pub max_connections: usize,
+    /// Sockets accepted and not closed yet, sessions and handshakes alike.
+    pub accepted: AtomicUsize,
     pub conns: Mutex<HashMap<u64, mpsc::UnboundedSender<Cmd>>>,
     pub waiting: Mutex<HashMap<u64, oneshot::Sender<Vec<Verdict>>>>,
     pub next_conn: AtomicU64,
@@ -275,6 +281,17 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         _ => return,
     };
     let version = connect.version;
+    if ctx.conns.lock().unwrap_or_else(|e| e.into_inner()).len() >= ctx.max_connections {
+        let code = if version == Version::V5 { QUOTA_EXCEEDED } else { UNAVAILABLE_V311 };
+        let mut answer = Vec::new();
+        let connack = Packet::ConnAck(crate::mqtt::ConnAck { session_present: false, code, properties: Vec::new() });
+        if encode(&connack, version, &mut answer).is_ok() {
+            let _ = client_write.write_all(&answer).await;
+        }
+        let _ = client_write.shutdown().await;
+        ctx.events.push(Event::ProtocolError { conn: 0, side: "client", kind: "refused", detail: format!("over max-connections ({})", ctx.max_connections) });
+        return;
+    }
     let conn = ctx.next_conn.fetch_add(1, Ordering::Relaxed);
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     ctx.register(conn, cmd_tx);
