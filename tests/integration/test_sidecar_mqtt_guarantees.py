@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +221,48 @@ def test_npm_mqtt_client_through_the_sidecar(proxy: MqttSidecarThread, npm_mqtt:
         assert result["seq"] == ["0", "2", "4"]
     else:
         assert result["received"] == [f"m{i}" for i in range(6)]
+
+
+def test_cli_process_serves_health_metrics_and_stops_on_sigterm(
+        mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    config = tmp_path / "mqguard.toml"
+    config.write_text(f'[mqguard]\nnode-id = "mqtt-cli"\n\n[mqguard.event-log]\n'
+                      f'directory = "{tmp_path / "events"}"\n')
+    upstream = f"mqtt://127.0.0.1:{mqguard_mosquitto_server.port('mqtt')}?broker=mosquitto"
+    log = tmp_path / "sidecar.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mqguard.cli", "sidecar", "--protocol",
+                                 "mqtt", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+                                 "--upstream", upstream, "-c", str(config)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        ready = "mqguard sidecar (mqtt) listening on "
+        while ready not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        line = next(x for x in log.read_text().splitlines() if x.startswith(ready))
+        port = int(line[len(ready):].split(",")[0].rpartition(":")[2])
+        admin = int(line.rpartition("admin on port ")[2])
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/health", timeout=5) as answer:
+            health = json.loads(answer.read())
+        assert health["status"] == "ok" and health["upstream_reachable"]
+        client = RawMqtt(port, mqguard_unique_name)
+        client.subscribe(f"cli/{mqguard_unique_name}")
+        client.publish(f"cli/{mqguard_unique_name}", b"via-cli", packet_id=1)
+        client.expect("PUBACK")
+        assert client.expect("PUBLISH").payload == b"via-cli"
+        client.disconnect()
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5) as answer:
+            metrics = answer.read().decode()
+        assert 'mqguard_mqtt_sidecar_messages_total{path="send",verdict="forwarded"} 1.0' \
+            in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    sent = [e for e in read_events(tmp_path / "events") if e["type"] == "sent"]
+    assert [e["address"] for e in sent] == [f"cli.{mqguard_unique_name}"]
