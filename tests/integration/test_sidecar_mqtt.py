@@ -277,3 +277,31 @@ def test_unacknowledged_delivery_counts_and_goes_to_the_dead_letter_address(
              if e.get("address") == f"p.{mqguard_unique_name}"]
     assert kinds.count("handler_failed") == 2
     assert "dead_lettered" in kinds
+
+
+def test_qos2_duplicate_is_completed_by_the_sidecar_and_a_refusal_has_its_reason(
+        proxy: MqttSidecarThread, mqguard_unique_name: str) -> None:
+    topic = f"q2/{mqguard_unique_name}"
+    sub = RawMqtt(proxy.port, f"{mqguard_unique_name}-s")
+    sub.subscribe(topic, qos=2)
+    pub = RawMqtt(proxy.port, f"{mqguard_unique_name}-p")
+    dup = [("user_property", ("_AMQ_DUPL_ID", f"{mqguard_unique_name}-once"))]
+    for packet_id in (10, 11):  # the second is a duplicate: the sidecar answers it itself
+        pub.publish(topic, b"exactly-once", qos=2, packet_id=packet_id, properties=dup)
+        assert pub.expect("PUBREC").packet_id == packet_id
+        pub.send(mqtt_ack("PUBREL", packet_id))
+        assert pub.expect("PUBCOMP").packet_id == packet_id
+    pub.publish(topic, b"refused", qos=1, packet_id=12,
+                properties=[("user_property", ("_AMQ_DUPL_ID", "x" * 5000))])
+    refusal = pub.expect("PUBACK")
+    assert refusal.packet_id == 12 and refusal.reason_code == 0x83
+    assert any(name == "reason_string" and "duplicate id" in str(value)
+               for name, value in refusal.properties or [])
+    got = sub.collect("PUBLISH", 1.5)
+    assert [p.payload for p in got] == [b"exactly-once"]
+    assert got[0].qos == 2
+    sub.send(mqtt_ack("PUBREC", got[0].packet_id or 0))
+    assert sub.expect("PUBREL").packet_id == got[0].packet_id
+    sub.send(mqtt_ack("PUBCOMP", got[0].packet_id or 0))
+    sub.disconnect()
+    pub.disconnect()
