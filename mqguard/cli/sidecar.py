@@ -84,14 +84,15 @@ def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, 
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonLogFormatter())
     logging.getLogger("mqguard").setLevel(min(logging.getLogger().level, logging.INFO))
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
     if protocol == "mqtt":
         from mqguard.cli.sidecar_mqtt import run_mqtt_sidecar
 
         run_mqtt_sidecar(listen=listen, upstream=upstream, config_path=config_path,
-                         admin=admin, event_loop=event_loop)
+                         admin=admin, event_loop=event_loop,
+                         tls_files=(tls_cert, tls_key) if tls_cert and tls_key else None)
         return
-    if bool(tls_cert) != bool(tls_key):
-        raise click.UsageError("--tls-cert and --tls-key go together")
     try:
         config = load_config(config_path)
         target = parse_upstream(upstream, cafile=upstream_ca, insecure=upstream_insecure)

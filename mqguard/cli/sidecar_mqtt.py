@@ -17,7 +17,8 @@ __all__ = ["run_mqtt_sidecar"]
 
 
 def run_mqtt_sidecar(*, listen: str, upstream: str, config_path: str | None,
-                     admin: str | None, event_loop: str) -> None:
+                     admin: str | None, event_loop: str,
+                     tls_files: tuple[str, str] | None = None) -> None:
     """Run the MQTT sidecar until SIGTERM or SIGINT."""
     try:
         config = load_config(config_path)
@@ -26,7 +27,7 @@ def run_mqtt_sidecar(*, listen: str, upstream: str, config_path: str | None,
         admin_on = parse_hostport(admin, "--admin") if admin else None
         new_loop = loop_factory(event_loop)
         proxy = MqttSidecar(config, (host, port), listen=listen_on, admin=admin_on,
-                            broker=broker)
+                            broker=broker, tls_files=tls_files)
     except MqguardError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -34,6 +35,8 @@ def run_mqtt_sidecar(*, listen: str, upstream: str, config_path: str | None,
             runner.run(_serve(proxy))
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None
+    except ValueError as exc:  # the plane refused its settings (a TLS file, say)
+        raise click.ClickException(str(exc)) from None
 
 
 async def _serve(proxy: MqttSidecar) -> None:

@@ -62,7 +62,8 @@ class PlaneDriver:
     def __init__(self, loop: asyncio.AbstractEventLoop, handler: PlaneHandler, *,
                  upstream: tuple[str, int], max_packet_bytes: int, max_properties: int,
                  max_property_bytes: int, worker_threads: int = 1,
-                 release_grace_ms: int = 5000, max_connections: int = 1024) -> None:
+                 release_grace_ms: int = 5000, max_connections: int = 1024,
+                 tls_files: tuple[str, str] | None = None) -> None:
         from mqguard_native import MqttPlane
 
         self._loop = loop
@@ -71,7 +72,9 @@ class PlaneDriver:
             upstream[0], upstream[1], max_packet_bytes=max_packet_bytes,
             max_properties=max_properties, max_property_bytes=max_property_bytes,
             worker_threads=worker_threads, release_grace_ms=release_grace_ms,
-            max_connections=max_connections)
+            max_connections=max_connections,
+            tls_cert=tls_files[0] if tls_files else None,
+            tls_key=tls_files[1] if tls_files else None)
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
         self._closed = False

@@ -56,7 +56,9 @@ class MqttSidecar:
     def __init__(self, config: MqguardConfig, upstream: tuple[str, int], *,
                  listen: tuple[str, int] = ("127.0.0.1", 0),
                  admin: tuple[str, int] | None = None, broker: str = "mqtt",
-                 guard: Guard | None = None, release_grace_ms: int = 5000) -> None:
+                 guard: Guard | None = None, release_grace_ms: int = 5000,
+                 tls_files: tuple[str, str] | None = None) -> None:
+        """``tls_files``: PEM certificate (chain) and key files to serve clients over TLS."""
         self.config = config
         self.upstream = upstream
         self.listen_on = listen
@@ -67,6 +69,7 @@ class MqttSidecar:
         self.guard = guard if guard is not None else Guard(config, role="sidecar")
         self.bridge = MqttBridge(self.guard, broker=broker, metrics=self.metrics)
         self.release_grace_ms = release_grace_ms
+        self.tls_files = tls_files
         self.driver: PlaneDriver | None = None
         self._admin: asyncio.Server | None = None
         self._probe = MqttProbe(*upstream)
@@ -81,7 +84,8 @@ class MqttSidecar:
             asyncio.get_running_loop(), self.bridge, upstream=self.upstream,
             max_packet_bytes=limits.max_frame_bytes, max_properties=limits.max_header_count,
             max_property_bytes=limits.max_header_line_bytes,
-            release_grace_ms=self.release_grace_ms, max_connections=limits.max_connections)
+            release_grace_ms=self.release_grace_ms, max_connections=limits.max_connections,
+            tls_files=self.tls_files)
         self.bridge.attach(self.driver.plane)
         self.port = self.driver.listen(*self.listen_on)
         if self.admin_on is not None:
@@ -89,8 +93,8 @@ class MqttSidecar:
                 functools.partial(serve_admin_request, metrics=self.metrics.render,
                                   health=self.health), *self.admin_on)
             self.admin_port = self._admin.sockets[0].getsockname()[1]
-        log.info("MQTT sidecar listening on %s:%d, upstream mqtt://%s:%d%s", self.listen_on[0],
-                 self.port, *self.upstream,
+        log.info("MQTT sidecar listening on %s:%d%s, upstream mqtt://%s:%d%s", self.listen_on[0],
+                 self.port, " (TLS)" if self.tls_files else "", *self.upstream,
                  f", admin on port {self.admin_port}" if self.admin_port else "")
 
     async def stop(self) -> None:

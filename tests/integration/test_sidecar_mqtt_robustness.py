@@ -5,6 +5,8 @@ that stops reading holds up only itself; a broker restart."""
 from __future__ import annotations
 
 import socket
+import ssl
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -215,3 +217,32 @@ def test_connections_over_max_connections_are_refused(
         assert again.connack is not None and again.connack.reason_code == 0
         again.disconnect()
         second.disconnect()
+
+
+def test_tls_listener(mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
+                      mqguard_unique_name: str) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    sidecar = MqttSidecar(config(tmp_path), upstream_of(mqguard_mosquitto_server),
+                          tls_files=(str(cert), str(key)))
+    with MqttSidecarThread(sidecar) as running:
+        context = ssl.create_default_context(cafile=str(cert))
+        client = RawMqtt(running.port, mqguard_unique_name, connect=False)
+        client.sock = context.wrap_socket(client.sock, server_hostname="127.0.0.1")
+        client.send(mqtt_connect(mqguard_unique_name))
+        assert client.expect("CONNACK").reason_code == 0
+        client.subscribe(f"tls/{mqguard_unique_name}")
+        client.publish(f"tls/{mqguard_unique_name}", b"sealed", packet_id=1)
+        client.expect("PUBACK")
+        assert client.expect("PUBLISH").payload == b"sealed"
+        client.disconnect()
+        # A plaintext client gets no MQTT answer from a TLS listener.
+        plain = socket.create_connection(("127.0.0.1", running.port), timeout=10)
+        plain.sendall(mqtt_connect(f"{mqguard_unique_name}-plain").encode())
+        answer = b""
+        while chunk := plain.recv(1024):
+            answer += chunk
+        plain.close()
+        assert not answer.startswith(b"\x20")

@@ -15,6 +15,7 @@ pub mod events;
 pub mod ids;
 mod plane;
 mod session;
+mod tls;
 
 pub use plane::MqttPlane;
 

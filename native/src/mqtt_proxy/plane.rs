@@ -84,11 +84,12 @@ impl MqttPlane {
 
 #[pymethods]
 impl MqttPlane {
-    /// `upstream_host`/`upstream_port`: the broker every client connection is relayed to.
+    /// `upstream_host`/`upstream_port`: the broker every client connection is relayed to;
+    /// `tls_cert`/`tls_key`: PEM files to serve clients over TLS with.
     /// `max_packet_bytes` etc. bound what a client may send; `release_grace_ms` is how long
     /// an upstream connection outlives its client at most, waiting for `release`.
     #[new]
-    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000, max_connections = 1024))]
+    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000, max_connections = 1024, tls_cert = None, tls_key = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         upstream_host: String,
@@ -100,7 +101,14 @@ impl MqttPlane {
         worker_threads: usize,
         release_grace_ms: u64,
         max_connections: usize,
+        tls_cert: Option<String>,
+        tls_key: Option<String>,
     ) -> PyResult<Self> {
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(super::tls::acceptor(&cert, &key).map_err(PyValueError::new_err)?),
+            (None, None) => None,
+            _ => return Err(PyValueError::new_err("tls_cert and tls_key go together")),
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(worker_threads.clamp(1, 16))
             .thread_name("mqguard-mqtt")
@@ -117,6 +125,7 @@ impl MqttPlane {
                 events: Arc::new(Events::new(wake_write)),
                 upstream: (upstream_host, upstream_port),
                 client_limits,
+                tls,
                 broker_limits: Limits::default(),
                 release_grace: Duration::from_millis(release_grace_ms),
                 max_connections: max_connections.max(1),

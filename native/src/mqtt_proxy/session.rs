@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
@@ -51,6 +51,10 @@ const PAUSE_POLL: Duration = Duration::from_millis(5);
 /// Longest reason string put into a refusal (octets, cut at a character boundary).
 const MAX_REASON: usize = 256;
 
+/// Either half of a leg, TCP or TLS.
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
 /// One verdict from Python.
 #[derive(Clone, Debug, Default)]
 pub struct Verdict {
@@ -82,6 +86,8 @@ pub struct Ctx {
     pub events: Arc<Events>,
     pub upstream: (String, u16),
     pub client_limits: Limits,
+    /// TLS toward clients, when the listener serves it.
+    pub tls: Option<TlsAcceptor>,
     pub broker_limits: Limits,
     pub release_grace: Duration,
     /// Client connections served at once (a CONNECT beyond it is refused).
@@ -121,7 +127,7 @@ struct Out {
 }
 
 impl Out {
-    fn new(half: OwnedWriteHalf, version: Version) -> (Out, tokio::task::JoinHandle<()>) {
+    fn new(half: Writer, version: Version) -> (Out, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn(writer(half, rx, queued.clone()));
@@ -150,7 +156,7 @@ impl Out {
     }
 }
 
-async fn writer(mut half: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>, queued: Arc<AtomicUsize>) {
+async fn writer(mut half: Writer, mut rx: mpsc::UnboundedReceiver<Vec<u8>>, queued: Arc<AtomicUsize>) {
     while let Some(mut data) = rx.recv().await {
         while data.len() < COALESCE {
             match rx.try_recv() {
@@ -246,7 +252,26 @@ fn stamp(p: &mut Publish, v: &Verdict, version: Version) {
 /// Serve one accepted client until both legs are closed.
 pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
     let _ = client.set_nodelay(true);
-    let (mut client_read, client_write) = client.into_split();
+    let (mut client_read, client_write): (Reader, Writer) = match &ctx.tls {
+        None => {
+            let (read, write) = client.into_split();
+            (Box::new(read), Box::new(write))
+        }
+        Some(acceptor) => match timeout(CONNECT_TIMEOUT, acceptor.accept(client)).await {
+            Ok(Ok(stream)) => {
+                let (read, write) = tokio::io::split(stream);
+                (Box::new(read), Box::new(write))
+            }
+            failure => {
+                let detail = match failure {
+                    Ok(Err(error)) => format!("TLS handshake failed: {error}"),
+                    _ => "TLS handshake timed out".to_string(),
+                };
+                ctx.events.push(Event::ProtocolError { conn: 0, side: "client", kind: "tls", detail });
+                return;
+            }
+        },
+    };
     let mut decoder = Decoder::new(ctx.client_limits, None);
     let mut buf = vec![0u8; READ_SIZE];
     let mut packets = Vec::new();
@@ -318,7 +343,7 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
     };
     let _ = upstream.set_nodelay(true);
     let (upstream_read, upstream_write) = upstream.into_split();
-    let (to_upstream, upstream_task) = Out::new(upstream_write, version);
+    let (to_upstream, upstream_task) = Out::new(Box::new(upstream_write), version);
     let keep_alive = connect.keep_alive;
     to_upstream.packet(&Packet::Connect(connect));
     let mut session = Session {
@@ -339,7 +364,7 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         acked: Vec::new(),
     };
     let reason = session
-        .run(packets, decoder, client_read, upstream_read, cmd_rx, keep_alive)
+        .run(packets, decoder, client_read, Box::new(upstream_read), cmd_rx, keep_alive)
         .await;
     let Session { to_client, to_upstream, .. } = session;
     finish(&ctx, conn, to_client, client_task, Some((to_upstream, upstream_task)), reason).await;
@@ -347,7 +372,7 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
 
 /// A client refused before its session exists: a CONNACK saying why when its version is
 /// known, then the socket is closed.
-async fn refuse_early(ctx: &Ctx, client: &mut OwnedWriteHalf, error: &MqttError) {
+async fn refuse_early(ctx: &Ctx, client: &mut Writer, error: &MqttError) {
     ctx.events.push(Event::ProtocolError { conn: 0, side: "client", kind: error.kind, detail: error.detail.clone() });
     if error.kind == "unsupported-version" {
         // The 3.1.1 answer (return code 1, "unacceptable protocol version"): a client
@@ -411,8 +436,8 @@ impl Session {
         &mut self,
         pending: Vec<Packet>,
         mut client_decoder: Decoder,
-        mut client_read: tokio::net::tcp::OwnedReadHalf,
-        mut upstream_read: tokio::net::tcp::OwnedReadHalf,
+        mut client_read: Reader,
+        mut upstream_read: Reader,
         mut cmds: mpsc::UnboundedReceiver<Cmd>,
         keep_alive: u16,
     ) -> String {
