@@ -4,6 +4,8 @@ that stops reading holds up only itself; a broker restart."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 import socket
 import ssl
 import subprocess
@@ -246,3 +248,24 @@ def test_tls_listener(mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
             answer += chunk
         plain.close()
         assert not answer.startswith(b"\x20")
+
+
+def test_random_octets_after_connect_never_take_the_sidecar_down(
+        proxy: MqttSidecarThread, mqguard_unique_name: str) -> None:
+    rng = random.Random(25)
+    for round_number in range(60):
+        client = RawMqtt(proxy.port, f"{mqguard_unique_name}-{round_number}",
+                         version=rng.choice(["3.1.1", "5"]))
+        # A plausible first byte (any packet type and flags), then noise.
+        noise = bytes([rng.randrange(256)]) + rng.randbytes(rng.randrange(1, 64))
+        client.send_raw(noise)
+        client.sock.settimeout(0.2)
+        with contextlib.suppress(OSError):
+            client.sock.recv(4096)
+        client.sock.close()
+    still_serves(proxy, mqguard_unique_name)
+    assert proxy.sidecar.driver is not None
+    deadline = time.monotonic() + 10
+    while proxy.sidecar.driver.plane.connection_count() > 0:
+        assert time.monotonic() < deadline, "connections left behind"
+        time.sleep(0.05)
