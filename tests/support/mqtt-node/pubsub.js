@@ -4,7 +4,7 @@
 // A subscriber (QoS 1) and a publisher connect; the publisher sends N QoS 1 messages
 // "m0".."m(N-1)" (MQTT 5: user property `seq`, and with --dup-id-every K the same
 // `_AMQ_DUPL_ID` for each run of K messages); the subscriber collects what arrives until
-// N messages came or 3 s passed without one. Prints one JSON line:
+// N messages came or 1 s passed without one. Prints one JSON line:
 //   {"received": [payloads], "seq": [user property seq or null], "errors": [...]}
 "use strict";
 const mqtt = require("mqtt");
@@ -33,7 +33,7 @@ sub.on("error", (e) => { result.errors.push(String(e)); finish(1); });
 let idle = null;
 function armIdle() {
   clearTimeout(idle);
-  idle = setTimeout(() => finish(0), 3000);
+  idle = setTimeout(() => finish(0), 1000);
 }
 sub.on("message", (_topic, payload, packet) => {
   result.received.push(payload.toString());
