@@ -24,11 +24,25 @@ pub struct Msg {
 
 pub enum Event {
     /// A client's CONNECT was read: client id, protocol level, clean start, peer address.
-    Opened { conn: u64, client_id: String, level: u8, clean: bool, peer: String },
+    Opened {
+        conn: u64,
+        client_id: String,
+        level: u8,
+        clean: bool,
+        peer: String,
+    },
     /// The client's PUBLISHes of one read; Python answers with `verdicts(batch, ...)`.
-    Sends { conn: u64, batch: u64, messages: Vec<Msg> },
+    Sends {
+        conn: u64,
+        batch: u64,
+        messages: Vec<Msg>,
+    },
     /// The broker's PUBLISHes of one read; Python answers with `verdicts(batch, ...)`.
-    Deliveries { conn: u64, batch: u64, messages: Vec<Msg> },
+    Deliveries {
+        conn: u64,
+        batch: u64,
+        messages: Vec<Msg>,
+    },
     /// Outcome of forwarded sends: (token, reason code; 0x80 and above: refused,
     /// `LOST`: the connection ended first).
     Settled { conn: u64, outcomes: Vec<(u64, u8)> },
@@ -43,7 +57,12 @@ pub enum Event {
     /// Both legs are closed.
     Closed { conn: u64, reason: String },
     /// A peer sent a packet the codec refused: side ("client" / "broker"), kind, detail.
-    ProtocolError { conn: u64, side: &'static str, kind: &'static str, detail: String },
+    ProtocolError {
+        conn: u64,
+        side: &'static str,
+        kind: &'static str,
+        detail: String,
+    },
 }
 
 /// Reason code reported for a send or publish whose connection ended before its ack.
@@ -57,11 +76,18 @@ pub struct Events {
 
 impl Events {
     pub fn new(wake: UnixStream) -> Self {
-        Events { queue: Mutex::new(Vec::new()), pending: AtomicBool::new(false), wake }
+        Events {
+            queue: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+            wake,
+        }
     }
 
     pub fn push(&self, event: Event) {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(event);
         if !self.pending.swap(true, Ordering::AcqRel) {
             // Non-blocking: a full pair means a wake-up is already on its way.
             let _ = (&self.wake).write(&[1]);

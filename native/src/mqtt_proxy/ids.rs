@@ -27,7 +27,11 @@ pub struct Ids {
 
 impl Ids {
     pub fn new() -> Ids {
-        Ids { upstream: HashMap::new(), by_client: HashMap::new(), next_own: u16::MAX }
+        Ids {
+            upstream: HashMap::new(),
+            by_client: HashMap::new(),
+            next_own: u16::MAX,
+        }
     }
 
     fn free(&self, id: u16) -> bool {
@@ -38,7 +42,14 @@ impl Ids {
     pub fn map_client(&mut self, client_id: u16, qos: u8, token: u64) -> Option<u16> {
         if let Some(&old) = self.by_client.get(&client_id) {
             // A retransmission (DUP) of a publish still in flight: same upstream id.
-            self.upstream.insert(old, Owner::Client { client_id, qos, token });
+            self.upstream.insert(
+                old,
+                Owner::Client {
+                    client_id,
+                    qos,
+                    token,
+                },
+            );
             return Some(old);
         }
         let id = if self.free(client_id) {
@@ -46,7 +57,14 @@ impl Ids {
         } else {
             (1..=u16::MAX).find(|&id| self.free(id))?
         };
-        self.upstream.insert(id, Owner::Client { client_id, qos, token });
+        self.upstream.insert(
+            id,
+            Owner::Client {
+                client_id,
+                qos,
+                token,
+            },
+        );
         self.by_client.insert(client_id, id);
         Some(id)
     }
@@ -99,9 +117,23 @@ mod tests {
         assert_eq!(ids.map_own(7), Some(u16::MAX));
         assert_eq!(ids.map_client(5, 1, 1), Some(5));
         assert_eq!(ids.map_client(u16::MAX, 1, 2), Some(1));
-        assert_eq!(ids.owner(1), Some(Owner::Client { client_id: u16::MAX, qos: 1, token: 2 }));
+        assert_eq!(
+            ids.owner(1),
+            Some(Owner::Client {
+                client_id: u16::MAX,
+                qos: 1,
+                token: 2
+            })
+        );
         assert_eq!(ids.upstream_of(u16::MAX), Some(1));
-        assert_eq!(ids.release(1), Some(Owner::Client { client_id: u16::MAX, qos: 1, token: 2 }));
+        assert_eq!(
+            ids.release(1),
+            Some(Owner::Client {
+                client_id: u16::MAX,
+                qos: 1,
+                token: 2
+            })
+        );
         assert_eq!(ids.upstream_of(u16::MAX), None);
         // A retransmission of an id in flight keeps its upstream id.
         assert_eq!(ids.map_client(5, 1, 3), Some(5));

@@ -35,7 +35,14 @@ const CLOSED: u8 = 7;
 const PROTOCOL_ERROR: u8 = 8;
 
 /// A verdict as Python gives it: (action, token, topic, expiry, user properties, reason).
-type VerdictTuple = (u8, u64, Option<String>, Option<u32>, Vec<(String, String)>, Option<String>);
+type VerdictTuple = (
+    u8,
+    u64,
+    Option<String>,
+    Option<u32>,
+    Vec<(String, String)>,
+    Option<String>,
+);
 
 /// The MQTT sidecar's data plane: listener, sessions and upstream connections on tokio.
 #[pyclass(module = "mqguard_native", frozen)]
@@ -66,7 +73,13 @@ fn msgs_into_py<'py>(py: Python<'py>, messages: Vec<Msg>) -> PyResult<Bound<'py,
 
 impl MqttPlane {
     fn command(&self, conn: u64, cmd: Cmd) -> bool {
-        match self.ctx.conns.lock().unwrap_or_else(|e| e.into_inner()).get(&conn) {
+        match self
+            .ctx
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&conn)
+        {
             Some(tx) => tx.send(cmd).is_ok(),
             None => false,
         }
@@ -105,7 +118,9 @@ impl MqttPlane {
         tls_key: Option<String>,
     ) -> PyResult<Self> {
         let tls = match (tls_cert, tls_key) {
-            (Some(cert), Some(key)) => Some(super::tls::acceptor(&cert, &key).map_err(PyValueError::new_err)?),
+            (Some(cert), Some(key)) => {
+                Some(super::tls::acceptor(&cert, &key).map_err(PyValueError::new_err)?)
+            }
             (None, None) => None,
             _ => return Err(PyValueError::new_err("tls_cert and tls_key go together")),
         };
@@ -118,7 +133,12 @@ impl MqttPlane {
         let (wake_read, wake_write) = UnixStream::pair()?;
         wake_read.set_nonblocking(true)?;
         wake_write.set_nonblocking(true)?;
-        let client_limits = Limits { max_packet_bytes, max_properties, max_property_bytes, max_filters };
+        let client_limits = Limits {
+            max_packet_bytes,
+            max_properties,
+            max_property_bytes,
+            max_filters,
+        };
         Ok(MqttPlane {
             runtime: Mutex::new(Some(runtime)),
             ctx: Arc::new(Ctx {
@@ -149,9 +169,15 @@ impl MqttPlane {
     fn listen(&self, host: String, port: u16) -> PyResult<u16> {
         let handle = self.handle()?;
         let _guard = handle.enter();
-        let ip: std::net::IpAddr = host.parse().map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
+        let ip: std::net::IpAddr = host
+            .parse()
+            .map_err(|_| PyValueError::new_err(format!("not an IP address: {host:?}")))?;
         let addr = SocketAddr::new(ip, port);
-        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
         let listener = socket.listen(1024)?;
@@ -163,7 +189,9 @@ impl MqttPlane {
                     Ok((stream, peer)) => {
                         // Handshakes count too: twice the sessions' budget at most, so
                         // idle sockets cannot pile up without bound.
-                        if ctx.accepted.load(Ordering::Relaxed) >= ctx.max_connections.saturating_mul(2) {
+                        if ctx.accepted.load(Ordering::Relaxed)
+                            >= ctx.max_connections.saturating_mul(2)
+                        {
                             drop(stream);
                             continue;
                         }
@@ -179,13 +207,21 @@ impl MqttPlane {
                 }
             }
         });
-        self.listeners.lock().unwrap_or_else(|e| e.into_inner()).push(task);
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(task);
         Ok(port)
     }
 
     /// Stop accepting clients (connections are not touched).
     fn close_listeners(&self) {
-        for task in self.listeners.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for task in self
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             task.abort();
         }
     }
@@ -193,11 +229,23 @@ impl MqttPlane {
     /// The verdicts of batch `batch`, one per message in order: (action, token, topic,
     /// expiry, user properties, reason). Unknown batches are ignored (the session ended).
     fn verdicts(&self, batch: u64, verdicts: Vec<VerdictTuple>) {
-        let waiting = self.ctx.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&batch);
+        let waiting = self
+            .ctx
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&batch);
         if let Some(tx) = waiting {
             let verdicts = verdicts
                 .into_iter()
-                .map(|(action, token, topic, expiry, user, reason)| Verdict { action, token, topic, expiry, user, reason })
+                .map(|(action, token, topic, expiry, user, reason)| Verdict {
+                    action,
+                    token,
+                    topic,
+                    expiry,
+                    user,
+                    reason,
+                })
                 .collect();
             let _ = tx.send(verdicts);
         }
@@ -213,8 +261,27 @@ impl MqttPlane {
     /// `token`. False when the connection is gone (no event then).
     #[pyo3(signature = (conn, token, topic, payload, retain = false, user = Vec::new(), expiry = None))]
     #[allow(clippy::too_many_arguments)]
-    fn publish(&self, conn: u64, token: u64, topic: String, payload: Vec<u8>, retain: bool, user: Vec<(String, String)>, expiry: Option<u32>) -> bool {
-        self.command(conn, Cmd::Publish { token, topic, payload, retain, user, expiry })
+    fn publish(
+        &self,
+        conn: u64,
+        token: u64,
+        topic: String,
+        payload: Vec<u8>,
+        retain: bool,
+        user: Vec<(String, String)>,
+        expiry: Option<u32>,
+    ) -> bool {
+        self.command(
+            conn,
+            Cmd::Publish {
+                token,
+                topic,
+                payload,
+                retain,
+                user,
+                expiry,
+            },
+        )
     }
 
     /// The guard is done with `conn` after its client left: the upstream closes.
@@ -229,7 +296,11 @@ impl MqttPlane {
 
     /// Connections open now.
     fn connection_count(&self) -> usize {
-        self.ctx.conns.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.ctx
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// Every event since the last call, as 4-tuples (kind, connection, a, b).
@@ -240,21 +311,86 @@ impl MqttPlane {
         for event in self.ctx.events.take() {
             let none = || py.None().into_bound(py);
             let (kind, conn, a, b): (u8, u64, Bound<'py, PyAny>, Bound<'py, PyAny>) = match event {
-                Event::Opened { conn, client_id, level, clean, peer } => {
-                    (OPENED, conn, (client_id, level, clean).into_pyobject(py)?.into_any(), peer.into_pyobject(py)?.into_any())
+                Event::Opened {
+                    conn,
+                    client_id,
+                    level,
+                    clean,
+                    peer,
+                } => (
+                    OPENED,
+                    conn,
+                    (client_id, level, clean).into_pyobject(py)?.into_any(),
+                    peer.into_pyobject(py)?.into_any(),
+                ),
+                Event::Sends {
+                    conn,
+                    batch,
+                    messages,
+                } => (
+                    SENDS,
+                    conn,
+                    batch.into_pyobject(py)?.into_any(),
+                    msgs_into_py(py, messages)?,
+                ),
+                Event::Deliveries {
+                    conn,
+                    batch,
+                    messages,
+                } => (
+                    DELIVERIES,
+                    conn,
+                    batch.into_pyobject(py)?.into_any(),
+                    msgs_into_py(py, messages)?,
+                ),
+                Event::Settled { conn, outcomes } => (
+                    SETTLED,
+                    conn,
+                    outcomes.into_pyobject(py)?.into_any(),
+                    none(),
+                ),
+                Event::Acked { conn, packet_ids } => (
+                    ACKED,
+                    conn,
+                    packet_ids.into_pyobject(py)?.into_any(),
+                    none(),
+                ),
+                Event::Published { token, reason } => (
+                    PUBLISHED,
+                    0,
+                    token.into_pyobject(py)?.into_any(),
+                    reason.into_pyobject(py)?.into_any(),
+                ),
+                Event::Gone { conn, graceful } => (
+                    GONE,
+                    conn,
+                    graceful.into_pyobject(py)?.to_owned().into_any(),
+                    none(),
+                ),
+                Event::Closed { conn, reason } => {
+                    (CLOSED, conn, reason.into_pyobject(py)?.into_any(), none())
                 }
-                Event::Sends { conn, batch, messages } => (SENDS, conn, batch.into_pyobject(py)?.into_any(), msgs_into_py(py, messages)?),
-                Event::Deliveries { conn, batch, messages } => (DELIVERIES, conn, batch.into_pyobject(py)?.into_any(), msgs_into_py(py, messages)?),
-                Event::Settled { conn, outcomes } => (SETTLED, conn, outcomes.into_pyobject(py)?.into_any(), none()),
-                Event::Acked { conn, packet_ids } => (ACKED, conn, packet_ids.into_pyobject(py)?.into_any(), none()),
-                Event::Published { token, reason } => (PUBLISHED, 0, token.into_pyobject(py)?.into_any(), reason.into_pyobject(py)?.into_any()),
-                Event::Gone { conn, graceful } => (GONE, conn, graceful.into_pyobject(py)?.to_owned().into_any(), none()),
-                Event::Closed { conn, reason } => (CLOSED, conn, reason.into_pyobject(py)?.into_any(), none()),
-                Event::ProtocolError { conn, side, kind, detail } => {
-                    (PROTOCOL_ERROR, conn, (side, kind).into_pyobject(py)?.into_any(), detail.into_pyobject(py)?.into_any())
-                }
+                Event::ProtocolError {
+                    conn,
+                    side,
+                    kind,
+                    detail,
+                } => (
+                    PROTOCOL_ERROR,
+                    conn,
+                    (side, kind).into_pyobject(py)?.into_any(),
+                    detail.into_pyobject(py)?.into_any(),
+                ),
             };
-            out.append(PyTuple::new(py, [kind.into_pyobject(py)?.into_any(), conn.into_pyobject(py)?.into_any(), a, b])?)?;
+            out.append(PyTuple::new(
+                py,
+                [
+                    kind.into_pyobject(py)?.into_any(),
+                    conn.into_pyobject(py)?.into_any(),
+                    a,
+                    b,
+                ],
+            )?)?;
         }
         Ok(out)
     }
@@ -263,9 +399,21 @@ impl MqttPlane {
     #[pyo3(signature = (timeout_ms = 1000))]
     fn shutdown(&self, py: Python<'_>, timeout_ms: u64) {
         self.close_listeners();
-        self.ctx.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.ctx.waiting.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let runtime = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.ctx
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.ctx
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(runtime) = runtime {
             py.detach(|| runtime.shutdown_timeout(Duration::from_millis(timeout_ms)));
         }

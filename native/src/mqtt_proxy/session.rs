@@ -14,14 +14,17 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsAcceptor;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio_rustls::TlsAcceptor;
 
 use super::events::{Event, Events, Msg, LOST};
 use super::ids::{Ids, Owner};
 use crate::mqtt::props::{int_property, MESSAGE_EXPIRY, USER_PROPERTY};
-use crate::mqtt::{encode, Ack, Decoder, Limits, MqttError, Packet, PropValue, Property, Properties, Publish, Reasoned, Version};
+use crate::mqtt::{
+    encode, Ack, Decoder, Limits, MqttError, Packet, PropValue, Properties, Property, Publish,
+    Reasoned, Version,
+};
 
 /// Verdict actions. Sends: forward, drop (acknowledged, not sent), reject (refused to
 /// the client). Deliveries: forward, or withhold (Python settles it upstream itself).
@@ -74,9 +77,19 @@ pub struct Verdict {
 /// What Python asks of a connection.
 pub enum Cmd {
     /// Acknowledge a delivery upstream without the client (PUBACK, or PUBREC for QoS 2).
-    Ack { packet_id: u16, qos: u8 },
+    Ack {
+        packet_id: u16,
+        qos: u8,
+    },
     /// Publish a message of the sidecar's own upstream at QoS 1.
-    Publish { token: u64, topic: String, payload: Vec<u8>, retain: bool, user: Vec<(String, String)>, expiry: Option<u32> },
+    Publish {
+        token: u64,
+        topic: String,
+        payload: Vec<u8>,
+        retain: bool,
+        user: Vec<(String, String)>,
+        expiry: Option<u32>,
+    },
     /// The client is gone and the guard is done with the connection.
     Release,
     Abort,
@@ -102,18 +115,27 @@ pub struct Ctx {
 
 impl Ctx {
     fn register(&self, conn: u64, tx: mpsc::UnboundedSender<Cmd>) {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).insert(conn, tx);
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(conn, tx);
     }
 
     fn unregister(&self, conn: u64) {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&conn);
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&conn);
     }
 
     /// Push a batch and wait for its verdicts; None when the plane is stopping.
     async fn decide(&self, batch_event: impl FnOnce(u64) -> Event) -> Option<Vec<Verdict>> {
         let batch = self.next_batch.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(batch, tx);
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(batch, tx);
         self.events.push(batch_event(batch));
         rx.await.ok()
     }
@@ -131,7 +153,14 @@ impl Out {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn(writer(half, rx, queued.clone()));
-        (Out { tx: Some(tx), queued, version }, task)
+        (
+            Out {
+                tx: Some(tx),
+                queued,
+                version,
+            },
+            task,
+        )
     }
 
     fn raw(&self, data: Vec<u8>) {
@@ -156,7 +185,11 @@ impl Out {
     }
 }
 
-async fn writer(mut half: Writer, mut rx: mpsc::UnboundedReceiver<Vec<u8>>, queued: Arc<AtomicUsize>) {
+async fn writer(
+    mut half: Writer,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    queued: Arc<AtomicUsize>,
+) {
     while let Some(mut data) = rx.recv().await {
         while data.len() < COALESCE {
             match rx.try_recv() {
@@ -182,7 +215,11 @@ enum Flow {
 }
 
 fn ack(packet_id: u16) -> Ack {
-    Ack { packet_id, reason: None, properties: None }
+    Ack {
+        packet_id,
+        reason: None,
+        properties: None,
+    }
 }
 
 fn truncate(text: &str, max: usize) -> String {
@@ -217,10 +254,15 @@ fn msg_of(p: &Publish) -> Msg {
 /// full topic (the sidecar may drop a packet that set an alias, which would leave the
 /// other side without it).
 fn resolve_alias(p: &mut Publish, aliases: &mut HashMap<u16, String>) -> Result<(), String> {
-    let Some(alias) = int_property(&p.properties, TOPIC_ALIAS) else { return Ok(()) };
+    let Some(alias) = int_property(&p.properties, TOPIC_ALIAS) else {
+        return Ok(());
+    };
     let alias = alias as u16;
     if p.topic.is_empty() {
-        p.topic = aliases.get(&alias).cloned().ok_or_else(|| format!("unknown topic alias {alias}"))?;
+        p.topic = aliases
+            .get(&alias)
+            .cloned()
+            .ok_or_else(|| format!("unknown topic alias {alias}"))?;
     } else {
         aliases.insert(alias, p.topic.clone());
     }
@@ -241,11 +283,17 @@ fn stamp(p: &mut Publish, v: &Verdict, version: Version) {
         // docs/sidecar-mqtt.md, "Expiry"), so the broker cannot drop the message unseen.
         p.properties.retain(|prop| prop.id != MESSAGE_EXPIRY);
         if expiry > 0 {
-            p.properties.push(Property { id: MESSAGE_EXPIRY, value: PropValue::U32(expiry) });
+            p.properties.push(Property {
+                id: MESSAGE_EXPIRY,
+                value: PropValue::U32(expiry),
+            });
         }
     }
     for (k, val) in &v.user {
-        p.properties.push(Property { id: USER_PROPERTY, value: PropValue::Pair(k.clone(), val.clone()) });
+        p.properties.push(Property {
+            id: USER_PROPERTY,
+            value: PropValue::Pair(k.clone(), val.clone()),
+        });
     }
 }
 
@@ -267,7 +315,12 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
                     Ok(Err(error)) => format!("TLS handshake failed: {error}"),
                     _ => "TLS handshake timed out".to_string(),
                 };
-                ctx.events.push(Event::ProtocolError { conn: 0, side: "client", kind: "tls", detail });
+                ctx.events.push(Event::ProtocolError {
+                    conn: 0,
+                    side: "client",
+                    kind: "tls",
+                    detail,
+                });
                 return;
             }
         },
@@ -294,7 +347,8 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         Ok(Some(Ok(()))) => match packets.remove(0) {
             Packet::Connect(connect) => connect,
             other => {
-                let error = MqttError::protocol(format!("first packet is {}, not CONNECT", other.name()));
+                let error =
+                    MqttError::protocol(format!("first packet is {}, not CONNECT", other.name()));
                 refuse_early(&ctx, &mut client_write, &error).await;
                 return;
             }
@@ -307,14 +361,27 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
     };
     let version = connect.version;
     if ctx.conns.lock().unwrap_or_else(|e| e.into_inner()).len() >= ctx.max_connections {
-        let code = if version == Version::V5 { QUOTA_EXCEEDED } else { UNAVAILABLE_V311 };
+        let code = if version == Version::V5 {
+            QUOTA_EXCEEDED
+        } else {
+            UNAVAILABLE_V311
+        };
         let mut answer = Vec::new();
-        let connack = Packet::ConnAck(crate::mqtt::ConnAck { session_present: false, code, properties: Vec::new() });
+        let connack = Packet::ConnAck(crate::mqtt::ConnAck {
+            session_present: false,
+            code,
+            properties: Vec::new(),
+        });
         if encode(&connack, version, &mut answer).is_ok() {
             let _ = client_write.write_all(&answer).await;
         }
         let _ = client_write.shutdown().await;
-        ctx.events.push(Event::ProtocolError { conn: 0, side: "client", kind: "refused", detail: format!("over max-connections ({})", ctx.max_connections) });
+        ctx.events.push(Event::ProtocolError {
+            conn: 0,
+            side: "client",
+            kind: "refused",
+            detail: format!("over max-connections ({})", ctx.max_connections),
+        });
         return;
     }
     let conn = ctx.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -328,15 +395,28 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         peer: peer.to_string(),
     });
     let (to_client, client_task) = Out::new(client_write, version);
-    let upstream = match timeout(CONNECT_TIMEOUT, TcpStream::connect((ctx.upstream.0.as_str(), ctx.upstream.1))).await {
+    let upstream = match timeout(
+        CONNECT_TIMEOUT,
+        TcpStream::connect((ctx.upstream.0.as_str(), ctx.upstream.1)),
+    )
+    .await
+    {
         Ok(Ok(stream)) => stream,
         failure => {
             let why = match failure {
                 Ok(Err(error)) => format!("broker unreachable: {error}"),
                 _ => "broker unreachable: connect timed out".to_string(),
             };
-            let code = if version == Version::V5 { UNAVAILABLE_V5 } else { UNAVAILABLE_V311 };
-            to_client.packet(&Packet::ConnAck(crate::mqtt::ConnAck { session_present: false, code, properties: Vec::new() }));
+            let code = if version == Version::V5 {
+                UNAVAILABLE_V5
+            } else {
+                UNAVAILABLE_V311
+            };
+            to_client.packet(&Packet::ConnAck(crate::mqtt::ConnAck {
+                session_present: false,
+                code,
+                properties: Vec::new(),
+            }));
             finish(&ctx, conn, to_client, client_task, None, why).await;
             return;
         }
@@ -364,16 +444,40 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         acked: Vec::new(),
     };
     let reason = session
-        .run(packets, decoder, client_read, Box::new(upstream_read), cmd_rx, keep_alive)
+        .run(
+            packets,
+            decoder,
+            client_read,
+            Box::new(upstream_read),
+            cmd_rx,
+            keep_alive,
+        )
         .await;
-    let Session { to_client, to_upstream, .. } = session;
-    finish(&ctx, conn, to_client, client_task, Some((to_upstream, upstream_task)), reason).await;
+    let Session {
+        to_client,
+        to_upstream,
+        ..
+    } = session;
+    finish(
+        &ctx,
+        conn,
+        to_client,
+        client_task,
+        Some((to_upstream, upstream_task)),
+        reason,
+    )
+    .await;
 }
 
 /// A client refused before its session exists: a CONNACK saying why when its version is
 /// known, then the socket is closed.
 async fn refuse_early(ctx: &Ctx, client: &mut Writer, error: &MqttError) {
-    ctx.events.push(Event::ProtocolError { conn: 0, side: "client", kind: error.kind, detail: error.detail.clone() });
+    ctx.events.push(Event::ProtocolError {
+        conn: 0,
+        side: "client",
+        kind: error.kind,
+        detail: error.detail.clone(),
+    });
     if error.kind == "unsupported-version" {
         // The 3.1.1 answer (return code 1, "unacceptable protocol version"): a client
         // of an unknown level understands no other.
@@ -463,7 +567,10 @@ impl Session {
                             self.report_lost();
                             return "client left before the broker accepted it".to_string();
                         }
-                        self.ctx.events.push(Event::Gone { conn: self.conn, graceful });
+                        self.ctx.events.push(Event::Gone {
+                            conn: self.conn,
+                            graceful,
+                        });
                         release_at = Some(Instant::now() + self.ctx.release_grace);
                     }
                 }
@@ -525,7 +632,10 @@ impl Session {
         for owner in self.ids.take_all() {
             match owner {
                 Owner::Client { token, .. } => self.settled.push((token, LOST)),
-                Owner::Own { token } => self.ctx.events.push(Event::Published { token, reason: LOST }),
+                Owner::Own { token } => self.ctx.events.push(Event::Published {
+                    token,
+                    reason: LOST,
+                }),
             }
         }
         self.flush_reports();
@@ -533,17 +643,31 @@ impl Session {
 
     fn flush_reports(&mut self) {
         if !self.settled.is_empty() {
-            self.ctx.events.push(Event::Settled { conn: self.conn, outcomes: std::mem::take(&mut self.settled) });
+            self.ctx.events.push(Event::Settled {
+                conn: self.conn,
+                outcomes: std::mem::take(&mut self.settled),
+            });
         }
         if !self.acked.is_empty() {
-            self.ctx.events.push(Event::Acked { conn: self.conn, packet_ids: std::mem::take(&mut self.acked) });
+            self.ctx.events.push(Event::Acked {
+                conn: self.conn,
+                packet_ids: std::mem::take(&mut self.acked),
+            });
         }
     }
 
     fn client_error(&mut self, error: &MqttError) -> Flow {
-        self.ctx.events.push(Event::ProtocolError { conn: self.conn, side: "client", kind: error.kind, detail: error.detail.clone() });
+        self.ctx.events.push(Event::ProtocolError {
+            conn: self.conn,
+            side: "client",
+            kind: error.kind,
+            detail: error.detail.clone(),
+        });
         if self.version == Version::V5 {
-            self.to_client.packet(&Packet::Disconnect(Reasoned { reason: Some(error.reason_code()), properties: None }));
+            self.to_client.packet(&Packet::Disconnect(Reasoned {
+                reason: Some(error.reason_code()),
+                properties: None,
+            }));
         }
         Flow::Gone(false)
     }
@@ -605,11 +729,18 @@ impl Session {
                 self.disconnect = Some(Packet::Disconnect(r));
                 Flow::Gone(true)
             }
-            p @ (Packet::PubComp(_) | Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::PingReq | Packet::Auth(_)) => {
+            p @ (Packet::PubComp(_)
+            | Packet::Subscribe(_)
+            | Packet::Unsubscribe(_)
+            | Packet::PingReq
+            | Packet::Auth(_)) => {
                 self.to_upstream.packet(&p);
                 Flow::Go
             }
-            other => self.client_error(&MqttError::protocol(format!("{} from a client", other.name()))),
+            other => self.client_error(&MqttError::protocol(format!(
+                "{} from a client",
+                other.name()
+            ))),
         }
     }
 
@@ -624,11 +755,22 @@ impl Session {
         }
         let messages: Vec<Msg> = batch.iter().map(msg_of).collect();
         let conn = self.conn;
-        let Some(verdicts) = self.ctx.decide(|batch| Event::Sends { conn, batch, messages }).await else {
+        let Some(verdicts) = self
+            .ctx
+            .decide(|batch| Event::Sends {
+                conn,
+                batch,
+                messages,
+            })
+            .await
+        else {
             return Flow::End("sidecar stopping".to_string());
         };
         for (index, mut publish) in batch.into_iter().enumerate() {
-            let verdict = verdicts.get(index).cloned().unwrap_or(Verdict { action: REJECT, ..Verdict::default() });
+            let verdict = verdicts.get(index).cloned().unwrap_or(Verdict {
+                action: REJECT,
+                ..Verdict::default()
+            });
             let client_id = publish.packet_id.unwrap_or(0);
             match verdict.action {
                 FORWARD => {
@@ -639,14 +781,19 @@ impl Session {
                         }
                         continue;
                     }
-                    let Some(upstream_id) = self.ids.map_client(client_id, publish.qos, verdict.token) else {
+                    let Some(upstream_id) =
+                        self.ids.map_client(client_id, publish.qos, verdict.token)
+                    else {
                         return Flow::End("no upstream packet id left".to_string());
                     };
                     publish.packet_id = Some(upstream_id);
                     let qos = publish.qos;
                     if !self.to_upstream.packet(&Packet::Publish(publish)) {
                         self.ids.release(upstream_id);
-                        let refused = Verdict { reason: Some("the message cannot be encoded".to_string()), ..verdict };
+                        let refused = Verdict {
+                            reason: Some("the message cannot be encoded".to_string()),
+                            ..verdict
+                        };
                         if let Flow::Gone(g) = self.refuse(client_id, qos, &refused) {
                             return Flow::Gone(g);
                         }
@@ -684,17 +831,36 @@ impl Session {
         }
         let properties: Properties = match &verdict.reason {
             Some(reason) if !reason.is_empty() => {
-                vec![Property { id: REASON_STRING, value: PropValue::Str(truncate(reason, MAX_REASON)) }]
+                vec![Property {
+                    id: REASON_STRING,
+                    value: PropValue::Str(truncate(reason, MAX_REASON)),
+                }]
             }
             _ => Vec::new(),
         };
-        let answer = Ack { packet_id: client_id, reason: Some(REFUSED), properties: Some(properties) };
-        let packet = if qos == 1 { Packet::PubAck(answer) } else { Packet::PubRec(answer) };
+        let answer = Ack {
+            packet_id: client_id,
+            reason: Some(REFUSED),
+            properties: Some(properties),
+        };
+        let packet = if qos == 1 {
+            Packet::PubAck(answer)
+        } else {
+            Packet::PubRec(answer)
+        };
         if !self.to_client.packet(&packet) {
             self.to_client.packet(&if qos == 1 {
-                Packet::PubAck(Ack { packet_id: client_id, reason: Some(REFUSED), properties: None })
+                Packet::PubAck(Ack {
+                    packet_id: client_id,
+                    reason: Some(REFUSED),
+                    properties: None,
+                })
             } else {
-                Packet::PubRec(Ack { packet_id: client_id, reason: Some(REFUSED), properties: None })
+                Packet::PubRec(Ack {
+                    packet_id: client_id,
+                    reason: Some(REFUSED),
+                    properties: None,
+                })
             });
         }
         Flow::Go
@@ -737,7 +903,9 @@ impl Session {
             }
             Packet::PubAck(mut a) => {
                 match self.ids.release(a.packet_id) {
-                    Some(Owner::Client { client_id, token, .. }) => {
+                    Some(Owner::Client {
+                        client_id, token, ..
+                    }) => {
                         self.settled.push((token, a.reason.unwrap_or(0)));
                         if !self.gone {
                             a.packet_id = client_id;
@@ -745,7 +913,10 @@ impl Session {
                         }
                     }
                     Some(Owner::Own { token }) => {
-                        self.ctx.events.push(Event::Published { token, reason: a.reason.unwrap_or(0) });
+                        self.ctx.events.push(Event::Published {
+                            token,
+                            reason: a.reason.unwrap_or(0),
+                        });
                     }
                     None => {}
                 }
@@ -753,7 +924,10 @@ impl Session {
             }
             Packet::PubRec(mut a) => {
                 let reason = a.reason.unwrap_or(0);
-                if let Some(Owner::Client { client_id, token, .. }) = self.ids.owner(a.packet_id) {
+                if let Some(Owner::Client {
+                    client_id, token, ..
+                }) = self.ids.owner(a.packet_id)
+                {
                     self.settled.push((token, reason));
                     if reason >= 0x80 {
                         self.ids.release(a.packet_id);
@@ -795,7 +969,12 @@ impl Session {
                 Flow::Go
             }
             other => {
-                self.ctx.events.push(Event::ProtocolError { conn: self.conn, side: "broker", kind: "protocol", detail: format!("{} from the broker", other.name()) });
+                self.ctx.events.push(Event::ProtocolError {
+                    conn: self.conn,
+                    side: "broker",
+                    kind: "protocol",
+                    detail: format!("{} from the broker", other.name()),
+                });
                 Flow::End("broker sent a client packet".to_string())
             }
         }
@@ -809,19 +988,40 @@ impl Session {
         }
         for publish in batch.iter_mut() {
             if let Err(detail) = resolve_alias(publish, &mut self.upstream_aliases) {
-                self.ctx.events.push(Event::ProtocolError { conn: self.conn, side: "broker", kind: "protocol", detail: detail.clone() });
+                self.ctx.events.push(Event::ProtocolError {
+                    conn: self.conn,
+                    side: "broker",
+                    kind: "protocol",
+                    detail: detail.clone(),
+                });
                 return Flow::End(detail);
             }
         }
         let messages: Vec<Msg> = batch.iter().map(msg_of).collect();
         let conn = self.conn;
-        let Some(verdicts) = self.ctx.decide(|batch| Event::Deliveries { conn, batch, messages }).await else {
+        let Some(verdicts) = self
+            .ctx
+            .decide(|batch| Event::Deliveries {
+                conn,
+                batch,
+                messages,
+            })
+            .await
+        else {
             return Flow::End("sidecar stopping".to_string());
         };
         for (index, mut publish) in batch.into_iter().enumerate() {
             let verdict = verdicts.get(index).cloned().unwrap_or_default();
             if verdict.action == FORWARD {
-                stamp(&mut publish, &Verdict { topic: None, user: Vec::new(), ..verdict }, self.version);
+                stamp(
+                    &mut publish,
+                    &Verdict {
+                        topic: None,
+                        user: Vec::new(),
+                        ..verdict
+                    },
+                    self.version,
+                );
                 self.to_client.packet(&Packet::Publish(publish));
             }
         }
@@ -839,17 +1039,50 @@ impl Session {
                 }
                 Flow::Go
             }
-            Cmd::Publish { token, topic, payload, retain, user, expiry } => {
-                let id = if self.connected { self.ids.map_own(token) } else { None };
+            Cmd::Publish {
+                token,
+                topic,
+                payload,
+                retain,
+                user,
+                expiry,
+            } => {
+                let id = if self.connected {
+                    self.ids.map_own(token)
+                } else {
+                    None
+                };
                 let Some(id) = id else {
-                    self.ctx.events.push(Event::Published { token, reason: LOST });
+                    self.ctx.events.push(Event::Published {
+                        token,
+                        reason: LOST,
+                    });
                     return Flow::Go;
                 };
-                let mut publish = Publish { dup: false, qos: 1, retain, topic, packet_id: Some(id), properties: Vec::new(), payload };
-                stamp(&mut publish, &Verdict { expiry, user, ..Verdict::default() }, self.version);
+                let mut publish = Publish {
+                    dup: false,
+                    qos: 1,
+                    retain,
+                    topic,
+                    packet_id: Some(id),
+                    properties: Vec::new(),
+                    payload,
+                };
+                stamp(
+                    &mut publish,
+                    &Verdict {
+                        expiry,
+                        user,
+                        ..Verdict::default()
+                    },
+                    self.version,
+                );
                 if !self.to_upstream.packet(&Packet::Publish(publish)) {
                     self.ids.release(id);
-                    self.ctx.events.push(Event::Published { token, reason: REFUSED });
+                    self.ctx.events.push(Event::Published {
+                        token,
+                        reason: REFUSED,
+                    });
                 }
                 Flow::Go
             }
