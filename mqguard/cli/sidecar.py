@@ -87,7 +87,11 @@ def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, 
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     if protocol == "mqtt":
-        from mqguard.cli.sidecar_mqtt import run_mqtt_sidecar
+        from mqguard.cli.sidecar_mqtt import refuse_stomp_options, run_mqtt_sidecar
+
+        refuse_stomp_options(upstream_ca=upstream_ca, upstream_insecure=upstream_insecure,
+                             reap=reap_addresses, redistribute=redistribute_groups,
+                             data_plane=data_plane)
 
         run_mqtt_sidecar(listen=listen, upstream=upstream, config_path=config_path,
                          admin=admin, event_loop=event_loop,

@@ -13,7 +13,21 @@ from mqguard.mqtt_sidecar.server import MqttSidecar, parse_mqtt_upstream
 from mqguard.sidecar.eventloop import loop_factory
 from mqguard.sidecar.server import parse_hostport
 
-__all__ = ["run_mqtt_sidecar"]
+__all__ = ["refuse_stomp_options", "run_mqtt_sidecar"]
+
+
+def refuse_stomp_options(*, upstream_ca: str | None, upstream_insecure: bool,
+                         reap: tuple[str, ...], redistribute: tuple[str, ...],
+                         data_plane: str | None) -> None:
+    """The options of the STOMP sidecar that mean nothing with ``--protocol mqtt`` are
+    refused rather than silently ignored."""
+    given = [name for name, value in (("--upstream-ca", upstream_ca),
+                                      ("--upstream-insecure", upstream_insecure),
+                                      ("--reap", reap), ("--redistribute", redistribute),
+                                      ("--data-plane", data_plane)) if value]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: STOMP sidecar only (the MQTT sidecar "
+                               "always runs on the native plane, with a plain mqtt:// upstream)")
 
 
 def run_mqtt_sidecar(*, listen: str, upstream: str, config_path: str | None,

@@ -81,3 +81,18 @@ def test_dead_letter_topic_of_mqtt311_carries_count_and_original_topic() -> None
     v5 = MqttLeg(_Plane(), 1, level=5, broker="mqtt",  # type: ignore[arg-type]
                  publications=Publications(), jobs=None)  # type: ignore[arg-type]
     assert v5.topic_of(copy) == "DLQ/mqtt"
+
+
+def test_cli_refuses_stomp_only_options_and_bad_upstreams() -> None:
+    from click.testing import CliRunner
+
+    from mqguard.cli import main
+
+    runner = CliRunner()
+    result = runner.invoke(main, ["sidecar", "--protocol", "mqtt", "--upstream",
+                                  "mqtt://127.0.0.1:1883", "--reap", "q"])
+    assert result.exit_code == 2 and "--reap: STOMP sidecar only" in result.output
+    result = runner.invoke(main, ["sidecar", "--protocol", "mqtt", "--upstream",
+                                  "mqtt://user:secret@127.0.0.1:1883"])
+    assert result.exit_code == 1 and "takes no credentials" in result.output
+    assert "secret" not in result.output
