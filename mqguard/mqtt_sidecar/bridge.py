@@ -278,4 +278,8 @@ class MqttBridge:
         self.publications.resolve(token, reason)
 
     def close(self) -> None:
+        """After the plane stopped: connections it ended without a word are closed here
+        (their unconfirmed sends fail, their open deliveries count as failed)."""
+        for conn in list(self._connections):
+            self.closed(conn, "sidecar stopped")
         self.jobs.stop(5.0)

@@ -19,6 +19,7 @@ import pytest
 from mqguard_tests.mqtt_raw import RawMqtt
 
 from mqguard.config import parse_config
+from mqguard.events import read_events
 from mqguard.mqtt_codec import mqtt_connect, mqtt_publish, mqtt_simple, mqtt_subscribe
 from mqguard.mqtt_sidecar.server import MqttSidecar
 from mqguard.mqtt_sidecar.thread import MqttSidecarThread
@@ -269,3 +270,27 @@ def test_random_octets_after_connect_never_take_the_sidecar_down(
     while proxy.sidecar.driver.plane.connection_count() > 0:
         assert time.monotonic() < deadline, "connections left behind"
         time.sleep(0.05)
+
+
+def test_stop_settles_what_was_in_flight(tmp_path: Path, mqguard_unique_name: str) -> None:
+    """A send the broker never confirmed when the sidecar stops is recorded as failed (its
+    outcome is unknown), not left open."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sidecar = MqttSidecar(config(tmp_path), listener.getsockname()[:2])
+    running = MqttSidecarThread(sidecar).start()
+    try:
+        client = RawMqtt(running.port, mqguard_unique_name, connect=False)
+        client.send(mqtt_connect(mqguard_unique_name))
+        broker, _ = listener.accept()  # a broker that accepts and never answers
+        broker.settimeout(5)
+        broker.recv(4096)
+        broker.sendall(bytes([0x20, 3, 0, 0, 0]))
+        client.expect("CONNACK")
+        client.publish("stop/t", b"unconfirmed", packet_id=1)
+        assert broker.recv(4096)[0] >> 4 == 3  # the PUBLISH reached the broker
+    finally:
+        running.stop()
+    failed = [e for e in read_events(tmp_path / "events") if e["type"] == "send_failed"]
+    assert [e["address"] for e in failed] == ["stop.t"]
+    broker.close()
+    listener.close()
