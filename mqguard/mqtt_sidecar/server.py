@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from urllib.parse import urlsplit
 
 from mqguard.config import MqguardConfig
@@ -106,6 +107,13 @@ class MqttSidecar:
             self._admin.close()
         driver = self.driver
         if driver is not None:
+            # Clients are told and let go; what they had in flight settles meanwhile
+            # (bounded by drain-timeout-ms), the events still dispatched by the loop.
+            driver.plane.close_listeners()
+            driver.plane.shutdown_sessions()
+            deadline = time.monotonic() + self.config.core.sidecar.drain_timeout_ms / 1000
+            while driver.plane.connection_count() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
             driver.close()
             # What the sessions reported last (settled sends, acks) reaches the guard.
             driver.dispatch()

@@ -276,7 +276,8 @@ def test_stop_settles_what_was_in_flight(tmp_path: Path, mqguard_unique_name: st
     """A send the broker never confirmed when the sidecar stops is recorded as failed (its
     outcome is unknown), not left open."""
     listener = socket.create_server(("127.0.0.1", 0))
-    sidecar = MqttSidecar(config(tmp_path), listener.getsockname()[:2])
+    sidecar = MqttSidecar(config(tmp_path, **{"drain-timeout-ms": 300}),
+                          listener.getsockname()[:2])
     running = MqttSidecarThread(sidecar).start()
     try:
         client = RawMqtt(running.port, mqguard_unique_name, connect=False)
@@ -294,3 +295,20 @@ def test_stop_settles_what_was_in_flight(tmp_path: Path, mqguard_unique_name: st
     assert [e["address"] for e in failed] == ["stop.t"]
     broker.close()
     listener.close()
+
+
+def test_stop_tells_mqtt5_clients_and_settles_their_sends(
+        mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    sidecar = MqttSidecar(config(tmp_path), upstream_of(mqguard_mosquitto_server))
+    running = MqttSidecarThread(sidecar).start()
+    try:
+        client = RawMqtt(running.port, mqguard_unique_name)
+        client.publish(f"stop/{mqguard_unique_name}", b"last", packet_id=1)
+        client.expect("PUBACK")
+    finally:
+        running.stop()
+    assert client.expect("DISCONNECT").reason_code == 0x8B
+    assert client.wait_closed()
+    kinds = [e["type"] for e in read_events(tmp_path / "events")]
+    assert kinds.count("sent") == 1 and "send_failed" not in kinds

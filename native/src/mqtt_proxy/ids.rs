@@ -5,7 +5,7 @@
 //! the sidecar's own publishes take ids from the top of the range down, and a client id
 //! that one of them holds is mapped to another free id.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Who an upstream packet id belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +22,9 @@ pub struct Ids {
     /// Client id -> upstream id, from the client's PUBLISH to the broker's PUBCOMP (QoS 2)
     /// or PUBACK (QoS 1).
     by_client: HashMap<u16, u16>,
+    /// Upstream ids of QoS 2 publishes the broker has answered with PUBREC: what is left
+    /// of their exchange waits on the client (PUBREL), not on the broker.
+    received: HashSet<u16>,
     next_own: u16,
 }
 
@@ -30,6 +33,7 @@ impl Ids {
         Ids {
             upstream: HashMap::new(),
             by_client: HashMap::new(),
+            received: HashSet::new(),
             next_own: u16::MAX,
         }
     }
@@ -93,6 +97,7 @@ impl Ids {
 
     /// The exchange of `upstream_id` is complete.
     pub fn release(&mut self, upstream_id: u16) -> Option<Owner> {
+        self.received.remove(&upstream_id);
         let owner = self.upstream.remove(&upstream_id)?;
         if let Owner::Client { client_id, .. } = owner {
             self.by_client.remove(&client_id);
@@ -100,9 +105,22 @@ impl Ids {
         Some(owner)
     }
 
+    /// The broker answered the QoS 2 publish `upstream_id` with PUBREC.
+    pub fn received(&mut self, upstream_id: u16) {
+        if self.upstream.contains_key(&upstream_id) {
+            self.received.insert(upstream_id);
+        }
+    }
+
+    /// Whether some exchange waits for the broker's answer.
+    pub fn waiting_on_broker(&self) -> bool {
+        self.upstream.keys().any(|id| !self.received.contains(id))
+    }
+
     /// Everything still in flight (the connection ended), emptied.
     pub fn take_all(&mut self) -> Vec<Owner> {
         self.by_client.clear();
+        self.received.clear();
         self.upstream.drain().map(|(_, owner)| owner).collect()
     }
 }
@@ -137,7 +155,24 @@ mod tests {
         assert_eq!(ids.upstream_of(u16::MAX), None);
         // A retransmission of an id in flight keeps its upstream id.
         assert_eq!(ids.map_client(5, 1, 3), Some(5));
+        assert!(ids.waiting_on_broker());
         assert_eq!(ids.take_all().len(), 2);
+        assert!(!ids.waiting_on_broker());
+    }
+
+    #[test]
+    fn a_qos2_publish_after_pubrec_waits_on_the_client_only() {
+        let mut ids = Ids::new();
+        assert_eq!(ids.map_client(3, 2, 1), Some(3));
+        assert!(ids.waiting_on_broker());
+        ids.received(3);
+        assert!(!ids.waiting_on_broker());
+        ids.release(3);
+        assert_eq!(ids.map_client(3, 2, 2), Some(3));
+        assert!(
+            ids.waiting_on_broker(),
+            "a new exchange on the id waits again"
+        );
     }
 
     #[test]

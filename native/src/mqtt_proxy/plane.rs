@@ -289,6 +289,20 @@ impl MqttPlane {
         self.command(conn, Cmd::Release)
     }
 
+    /// Every client is told the sidecar stops and left as gone (see `Gone` events):
+    /// the guard settles what each had in flight, then releases it.
+    fn shutdown_sessions(&self) {
+        for tx in self
+            .ctx
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            let _ = tx.send(Cmd::Shutdown);
+        }
+    }
+
     /// Close both legs of `conn` now.
     fn close(&self, conn: u64) -> bool {
         self.command(conn, Cmd::Abort)

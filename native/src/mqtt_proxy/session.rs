@@ -41,6 +41,8 @@ const UNAVAILABLE_V5: u8 = 0x88;
 const UNAVAILABLE_V311: u8 = 3;
 /// MQTT 5 "quota exceeded": the sidecar serves its maximum of connections already.
 const QUOTA_EXCEEDED: u8 = 0x97;
+/// MQTT 5 "server shutting down".
+const SERVER_SHUTTING_DOWN: u8 = 0x8B;
 /// MQTT 5 "keep alive timeout".
 const KEEP_ALIVE_TIMEOUT: u8 = 0x8D;
 
@@ -92,6 +94,9 @@ pub enum Cmd {
     },
     /// The client is gone and the guard is done with the connection.
     Release,
+    /// The sidecar stops: the client is told (MQTT 5: DISCONNECT 0x8B) and left as if it
+    /// had gone, so the guard settles what it had in flight.
+    Shutdown,
     Abort,
 }
 
@@ -440,6 +445,7 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         gone: false,
         disconnect: None,
         connected: false,
+        released: false,
         settled: Vec::new(),
         acked: Vec::new(),
     };
@@ -531,6 +537,9 @@ struct Session {
     disconnect: Option<Packet>,
     /// The broker accepted the CONNECT.
     connected: bool,
+    /// The guard is done with a client that is gone: the upstream closes as soon as no
+    /// exchange is in flight on it.
+    released: bool,
     settled: Vec<(u64, u8)>,
     acked: Vec<u16>,
 }
@@ -554,6 +563,12 @@ impl Session {
         let mut release_at: Option<Instant> = None;
         let mut flow = self.client_packets(pending).await;
         loop {
+            if flow == Flow::Go && self.released && !self.ids.waiting_on_broker() {
+                if let Some(disconnect) = self.disconnect.take() {
+                    self.to_upstream.packet(&disconnect);
+                }
+                flow = Flow::End("client gone".to_string());
+            }
             match std::mem::replace(&mut flow, Flow::Go) {
                 Flow::Go => {}
                 Flow::End(reason) => {
@@ -931,6 +946,8 @@ impl Session {
                     self.settled.push((token, reason));
                     if reason >= 0x80 {
                         self.ids.release(a.packet_id);
+                    } else {
+                        self.ids.received(a.packet_id);
                     }
                     if !self.gone {
                         a.packet_id = client_id;
@@ -1090,10 +1107,23 @@ impl Session {
                 if !self.gone {
                     return Flow::Go;
                 }
-                if let Some(disconnect) = self.disconnect.take() {
-                    self.to_upstream.packet(&disconnect);
+                // The broker's answers to the client's last publishes still settle them
+                // (as sent, rather than as an unknown outcome): the upstream closes once
+                // none is in flight, or when the grace period ends.
+                self.released = true;
+                Flow::Go
+            }
+            Cmd::Shutdown => {
+                if self.gone {
+                    return Flow::Go;
                 }
-                Flow::End("client gone".to_string())
+                if self.version == Version::V5 {
+                    self.to_client.packet(&Packet::Disconnect(Reasoned {
+                        reason: Some(SERVER_SHUTTING_DOWN),
+                        properties: None,
+                    }));
+                }
+                Flow::Gone(false)
             }
             Cmd::Abort => Flow::End("closed by the sidecar".to_string()),
         }
