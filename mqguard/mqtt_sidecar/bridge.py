@@ -234,6 +234,11 @@ class MqttBridge:
                                DeliveryToken(mqtt.packet_id, mqtt.qos), redelivered=mqtt.dup,
                                raw_headers=dict(mqtt.user))
                       for mqtt in messages]
+        for mqtt, delivery in zip(messages, deliveries, strict=True):
+            if mqtt.retain:
+                # A retained message is handed out again on every new subscription by
+                # design: not a duplicate delivery for the consumer audit.
+                delivery.message.producer_id = delivery.message.sequence = None
         opened = self.guard.open_deliveries(connection.leg, deliveries,
                                             [connection.client_id] * len(deliveries))
         verdicts: list[tuple[int, int, str | None, int | None, list[tuple[str, str]],

@@ -308,3 +308,30 @@ def test_qos2_duplicate_is_completed_by_the_sidecar_and_a_refusal_has_its_reason
     sub.send(mqtt_ack("PUBCOMP", got[0].packet_id or 0))
     sub.disconnect()
     pub.disconnect()
+
+
+def unsubscribe_v5(packet_id: int, topic: str) -> bytes:
+    name = topic.encode()
+    body = packet_id.to_bytes(2, "big") + b"\x00" + len(name).to_bytes(2, "big") + name
+    assert len(body) < 128
+    return bytes([0xA2, len(body)]) + body
+
+
+def test_retained_message_comes_again_on_each_new_subscription(
+        proxy: MqttSidecarThread, mqguard_unique_name: str) -> None:
+    topic = f"r/{mqguard_unique_name}"
+    pub = RawMqtt(proxy.port, f"{mqguard_unique_name}-p")
+    pub.publish(topic, b"state", packet_id=1, retain=True)
+    pub.expect("PUBACK")
+    sub = RawMqtt(proxy.port, f"{mqguard_unique_name}-s")
+    for packet_id in (1, 2):
+        sub.subscribe(topic, packet_id=packet_id)
+        got = sub.expect("PUBLISH")
+        assert got.payload == b"state" and got.retain
+        sub.ack(got.packet_id or 0)
+        sub.send_raw(unsubscribe_v5(packet_id + 10, topic))
+        sub.expect("UNSUBACK")
+    pub.publish(topic, b"", packet_id=2, retain=True)
+    pub.expect("PUBACK")
+    sub.disconnect()
+    pub.disconnect()
