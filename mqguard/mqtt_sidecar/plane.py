@@ -63,7 +63,8 @@ class PlaneDriver:
                  upstream: tuple[str, int], max_packet_bytes: int, max_properties: int,
                  max_property_bytes: int, worker_threads: int = 1,
                  release_grace_ms: int = 5000, max_connections: int = 1024,
-                 tls_files: tuple[str, str] | None = None) -> None:
+                 tls_files: tuple[str, str] | None = None,
+                 max_handshake_bytes: int = 65536) -> None:
         from mqguard_native import MqttPlane
 
         self._loop = loop
@@ -74,7 +75,8 @@ class PlaneDriver:
             worker_threads=worker_threads, release_grace_ms=release_grace_ms,
             max_connections=max_connections,
             tls_cert=tls_files[0] if tls_files else None,
-            tls_key=tls_files[1] if tls_files else None)
+            tls_key=tls_files[1] if tls_files else None,
+            max_handshake_bytes=max_handshake_bytes)
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
         self._closed = False

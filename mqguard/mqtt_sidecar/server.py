@@ -86,7 +86,7 @@ class MqttSidecar:
             max_packet_bytes=limits.max_frame_bytes, max_properties=limits.max_header_count,
             max_property_bytes=limits.max_header_line_bytes,
             release_grace_ms=self.release_grace_ms, max_connections=limits.max_connections,
-            tls_files=self.tls_files)
+            tls_files=self.tls_files, max_handshake_bytes=limits.max_handshake_frame_bytes)
         self.bridge.attach(self.driver.plane)
         self.port = self.driver.listen(*self.listen_on)
         if self.admin_on is not None:

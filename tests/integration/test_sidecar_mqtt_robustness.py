@@ -101,7 +101,9 @@ def test_malformed_mqtt311_is_closed(proxy: MqttSidecarThread, mqguard_unique_na
     (bytes([0xC0, 0x00]), b""),
     # Garbage.
     (b"GET / HTTP/1.1\r\n\r\n", b""),
-], ids=["level-6", "pingreq-first", "http"])
+    # A CONNECT announcing 1 MiB: over the handshake limit, closed before its body.
+    (bytes([0x10, 0x80, 0x80, 0x40]) + b"\x00" * 1000, b""),
+], ids=["level-6", "pingreq-first", "http", "huge-connect"])
 def test_bad_handshakes_are_refused(proxy: MqttSidecarThread, mqguard_unique_name: str,
                                     data: bytes, answer: bytes) -> None:
     sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)

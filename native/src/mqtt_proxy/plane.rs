@@ -102,7 +102,7 @@ impl MqttPlane {
     /// `max_packet_bytes` etc. bound what a client may send; `release_grace_ms` is how long
     /// an upstream connection outlives its client at most, waiting for `release`.
     #[new]
-    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000, max_connections = 1024, tls_cert = None, tls_key = None))]
+    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000, max_connections = 1024, tls_cert = None, tls_key = None, max_handshake_bytes = 65536))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         upstream_host: String,
@@ -116,6 +116,7 @@ impl MqttPlane {
         max_connections: usize,
         tls_cert: Option<String>,
         tls_key: Option<String>,
+        max_handshake_bytes: usize,
     ) -> PyResult<Self> {
         let tls = match (tls_cert, tls_key) {
             (Some(cert), Some(key)) => {
@@ -145,6 +146,7 @@ impl MqttPlane {
                 events: Arc::new(Events::new(wake_write)),
                 upstream: (upstream_host, upstream_port),
                 client_limits,
+                max_handshake_bytes: max_handshake_bytes.clamp(16, max_packet_bytes.max(16)),
                 tls,
                 broker_limits: Limits::default(),
                 release_grace: Duration::from_millis(release_grace_ms),

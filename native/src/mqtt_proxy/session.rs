@@ -22,8 +22,8 @@ use super::events::{Event, Events, Msg, LOST};
 use super::ids::{Ids, Owner};
 use crate::mqtt::props::{int_property, MESSAGE_EXPIRY, USER_PROPERTY};
 use crate::mqtt::{
-    encode, Ack, Decoder, Limits, MqttError, Packet, PropValue, Properties, Property, Publish,
-    Reasoned, Version,
+    encode, read_varint, Ack, Decoder, Limits, MqttError, Packet, PropValue, Properties, Property,
+    Publish, Reasoned, Version,
 };
 
 /// Verdict actions. Sends: forward, drop (acknowledged, not sent), reject (refused to
@@ -104,6 +104,8 @@ pub struct Ctx {
     pub events: Arc<Events>,
     pub upstream: (String, u16),
     pub client_limits: Limits,
+    /// Largest first packet (the CONNECT) from a client not yet connected.
+    pub max_handshake_bytes: usize,
     /// TLS toward clients, when the listener serves it.
     pub tls: Option<TlsAcceptor>,
     pub broker_limits: Limits,
@@ -333,15 +335,41 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
     let mut decoder = Decoder::new(ctx.client_limits, None);
     let mut buf = vec![0u8; READ_SIZE];
     let mut packets = Vec::new();
+    // Before its CONNECT a client is unauthenticated: its first packet may be at most
+    // `max_handshake_bytes`, checked from the fixed header before the body is buffered.
+    let limit = ctx.max_handshake_bytes;
+    let mut raw: Vec<u8> = Vec::new();
     let first = timeout(CONNECT_TIMEOUT, async {
         loop {
             let n = match client_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return None,
                 Ok(n) => n,
             };
-            match decoder.feed(&buf[..n], &mut packets) {
-                Ok(()) if packets.is_empty() => continue,
-                Ok(()) => return Some(Ok(())),
+            raw.extend_from_slice(&buf[..n]);
+            if raw[0] != 0x10 {
+                return Some(Err(MqttError::protocol(format!(
+                    "first packet (type {}) is not CONNECT",
+                    raw[0] >> 4
+                ))));
+            }
+            let header = if raw.len() >= 2 {
+                read_varint(&raw[1..])
+            } else {
+                Ok(None)
+            };
+            match header {
+                Ok(Some((remaining, used))) => {
+                    let total = 1 + used + remaining as usize;
+                    if total > limit {
+                        return Some(Err(MqttError::too_large(format!(
+                            "first packet of {total} octets exceeds the {limit} allowed before CONNECT"
+                        ))));
+                    }
+                    if raw.len() >= total {
+                        return Some(decoder.feed(&raw, &mut packets));
+                    }
+                }
+                Ok(None) => {}
                 Err(error) => return Some(Err(error)),
             }
         }
