@@ -89,13 +89,13 @@ def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, 
     if protocol == "mqtt":
         from mqguard.cli.sidecar_mqtt import refuse_stomp_options, run_mqtt_sidecar
 
-        refuse_stomp_options(upstream_ca=upstream_ca, upstream_insecure=upstream_insecure,
-                             reap=reap_addresses, redistribute=redistribute_groups,
+        refuse_stomp_options(reap=reap_addresses, redistribute=redistribute_groups,
                              data_plane=data_plane)
 
         run_mqtt_sidecar(listen=listen, upstream=upstream, config_path=config_path,
                          admin=admin, event_loop=event_loop,
-                         tls_files=(tls_cert, tls_key) if tls_cert and tls_key else None)
+                         tls_files=(tls_cert, tls_key) if tls_cert and tls_key else None,
+                         upstream_ca=upstream_ca, upstream_insecure=upstream_insecure)
         return
     try:
         config = load_config(config_path)

@@ -16,32 +16,31 @@ from mqguard.sidecar.server import parse_hostport
 __all__ = ["refuse_stomp_options", "run_mqtt_sidecar"]
 
 
-def refuse_stomp_options(*, upstream_ca: str | None, upstream_insecure: bool,
-                         reap: tuple[str, ...], redistribute: tuple[str, ...],
+def refuse_stomp_options(*, reap: tuple[str, ...], redistribute: tuple[str, ...],
                          data_plane: str | None) -> None:
     """The options of the STOMP sidecar that mean nothing with ``--protocol mqtt`` are
     refused rather than silently ignored."""
-    given = [name for name, value in (("--upstream-ca", upstream_ca),
-                                      ("--upstream-insecure", upstream_insecure),
-                                      ("--reap", reap), ("--redistribute", redistribute),
+    given = [name for name, value in (("--reap", reap), ("--redistribute", redistribute),
                                       ("--data-plane", data_plane)) if value]
     if given:
         raise click.UsageError(f"{', '.join(given)}: STOMP sidecar only (the MQTT sidecar "
-                               "always runs on the native plane, with a plain mqtt:// upstream)")
+                               "always runs on the native plane)")
 
 
 def run_mqtt_sidecar(*, listen: str, upstream: str, config_path: str | None,
                      admin: str | None, event_loop: str,
-                     tls_files: tuple[str, str] | None = None) -> None:
+                     tls_files: tuple[str, str] | None = None,
+                     upstream_ca: str | None = None, upstream_insecure: bool = False) -> None:
     """Run the MQTT sidecar until SIGTERM or SIGINT."""
     try:
         config = load_config(config_path)
-        host, port, broker = parse_mqtt_upstream(upstream)
+        host, port, broker, tls = parse_mqtt_upstream(upstream)
         listen_on = parse_hostport(listen, "--listen")
         admin_on = parse_hostport(admin, "--admin") if admin else None
         new_loop = loop_factory(event_loop)
         proxy = MqttSidecar(config, (host, port), listen=listen_on, admin=admin_on,
-                            broker=broker, tls_files=tls_files)
+                            broker=broker, tls_files=tls_files,
+                            upstream_tls=(upstream_ca, upstream_insecure) if tls else None)
     except MqguardError as exc:
         raise click.ClickException(str(exc)) from None
     try:

@@ -64,7 +64,10 @@ class PlaneDriver:
                  max_property_bytes: int, worker_threads: int = 1,
                  release_grace_ms: int = 5000, max_connections: int = 1024,
                  tls_files: tuple[str, str] | None = None,
-                 max_handshake_bytes: int = 65536) -> None:
+                 max_handshake_bytes: int = 65536,
+                 upstream_tls: tuple[str | None, bool] | None = None) -> None:
+        """``upstream_tls``: reach the broker over TLS, checking its certificate against
+        the CA file given (or not at all when the flag, insecure, is set)."""
         from mqguard_native import MqttPlane
 
         self._loop = loop
@@ -76,7 +79,9 @@ class PlaneDriver:
             max_connections=max_connections,
             tls_cert=tls_files[0] if tls_files else None,
             tls_key=tls_files[1] if tls_files else None,
-            max_handshake_bytes=max_handshake_bytes)
+            max_handshake_bytes=max_handshake_bytes, upstream_tls=upstream_tls is not None,
+            upstream_ca=upstream_tls[0] if upstream_tls else None,
+            upstream_insecure=upstream_tls[1] if upstream_tls else False)
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
         self._closed = False

@@ -23,22 +23,24 @@ log = logging.getLogger("mqguard.mqtt_sidecar")
 _BROKERS = ("mqtt", "mosquitto", "rabbitmq", "activemq")
 
 
-def parse_mqtt_upstream(url: str) -> tuple[str, int, str]:
-    """``mqtt://HOST[:PORT][?broker=NAME]`` -> (host, port, broker name).
+def parse_mqtt_upstream(url: str) -> tuple[str, int, str, bool]:
+    """``mqtt[s]://HOST[:PORT][?broker=NAME]`` -> (host, port, broker name, TLS).
 
-    The broker name goes into the events (MQTT has no server identification); the
-    clients' credentials pass through and none are taken from the URL.
+    ``mqtts://`` reaches the broker over TLS (port 8883 by default). The broker name goes
+    to the plugins (MQTT has no server identification); the clients' credentials pass
+    through and none are taken from the URL.
     """
     parts = urlsplit(url)
-    if parts.scheme != "mqtt":
-        raise ConfigError(f"--upstream for MQTT must be mqtt://HOST:PORT, got scheme "
-                          f"{parts.scheme!r} (TLS to the broker is not supported yet)")
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise ConfigError(f"--upstream for MQTT must be mqtt://HOST:PORT or mqtts://HOST:PORT, "
+                          f"got scheme {parts.scheme!r}")
     if parts.username or parts.password:
         raise ConfigError("--upstream takes no credentials: MQTT clients bring their own")
     if not parts.hostname:
         raise ConfigError("--upstream has no host")
+    tls = parts.scheme == "mqtts"
     try:
-        port = parts.port or 1883
+        port = parts.port or (8883 if tls else 1883)
     except ValueError as exc:
         raise ConfigError(f"--upstream: {exc}") from None
     broker = "mqtt"
@@ -48,7 +50,7 @@ def parse_mqtt_upstream(url: str) -> tuple[str, int, str]:
             if value not in _BROKERS:
                 raise ConfigError(f"--upstream broker= must be one of {', '.join(_BROKERS)}")
             broker = value
-    return parts.hostname, port, broker
+    return parts.hostname, port, broker, tls
 
 
 class MqttSidecar:
@@ -58,8 +60,10 @@ class MqttSidecar:
                  listen: tuple[str, int] = ("127.0.0.1", 0),
                  admin: tuple[str, int] | None = None, broker: str = "mqtt",
                  guard: Guard | None = None, release_grace_ms: int = 5000,
-                 tls_files: tuple[str, str] | None = None) -> None:
-        """``tls_files``: PEM certificate (chain) and key files to serve clients over TLS."""
+                 tls_files: tuple[str, str] | None = None,
+                 upstream_tls: tuple[str | None, bool] | None = None) -> None:
+        """``tls_files``: PEM certificate (chain) and key files to serve clients over TLS;
+        ``upstream_tls``: (CA file, insecure) to reach the broker over TLS."""
         self.config = config
         self.upstream = upstream
         self.listen_on = listen
@@ -71,6 +75,7 @@ class MqttSidecar:
         self.bridge = MqttBridge(self.guard, broker=broker, metrics=self.metrics)
         self.release_grace_ms = release_grace_ms
         self.tls_files = tls_files
+        self.upstream_tls = upstream_tls
         self.driver: PlaneDriver | None = None
         self._admin: asyncio.Server | None = None
         self._probe = MqttProbe(*upstream)
@@ -86,7 +91,8 @@ class MqttSidecar:
             max_packet_bytes=limits.max_frame_bytes, max_properties=limits.max_header_count,
             max_property_bytes=limits.max_header_line_bytes,
             release_grace_ms=self.release_grace_ms, max_connections=limits.max_connections,
-            tls_files=self.tls_files, max_handshake_bytes=limits.max_handshake_frame_bytes)
+            tls_files=self.tls_files, max_handshake_bytes=limits.max_handshake_frame_bytes,
+            upstream_tls=self.upstream_tls)
         self.bridge.attach(self.driver.plane)
         self.port = self.driver.listen(*self.listen_on)
         if self.admin_on is not None:
@@ -94,8 +100,9 @@ class MqttSidecar:
                 functools.partial(serve_admin_request, metrics=self.metrics.render,
                                   health=self.health), *self.admin_on)
             self.admin_port = self._admin.sockets[0].getsockname()[1]
-        log.info("MQTT sidecar listening on %s:%d%s, upstream mqtt://%s:%d%s", self.listen_on[0],
-                 self.port, " (TLS)" if self.tls_files else "", *self.upstream,
+        log.info("MQTT sidecar listening on %s:%d%s, upstream mqtt%s://%s:%d%s",
+                 self.listen_on[0], self.port, " (TLS)" if self.tls_files else "",
+                 "s" if self.upstream_tls else "", *self.upstream,
                  f", admin on port {self.admin_port}" if self.admin_port else "")
 
     async def stop(self) -> None:

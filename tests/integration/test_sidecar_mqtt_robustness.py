@@ -254,6 +254,27 @@ def test_tls_listener(mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
             answer += chunk
         plain.close()
         assert not answer.startswith(b"\x20")
+        # A second sidecar reaches the first over TLS (mqtts://): verified against the
+        # certificate, then refused when it trusts another one.
+        chained = MqttSidecar(config(tmp_path / "chained"), ("127.0.0.1", running.port),
+                              upstream_tls=(str(cert), False))
+        with MqttSidecarThread(chained) as outer:
+            client = RawMqtt(outer.port, f"{mqguard_unique_name}-chained")
+            client.subscribe(f"tls/{mqguard_unique_name}")
+            client.publish(f"tls/{mqguard_unique_name}", b"twice sealed", packet_id=2)
+            client.expect("PUBACK")
+            assert client.expect("PUBLISH").payload == b"twice sealed"
+            client.disconnect()
+        other_cert, other_key = tmp_path / "other.pem", tmp_path / "other-key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                        "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", str(other_key), "-out", str(other_cert)], check=True,
+                       capture_output=True)
+        wrong = MqttSidecar(config(tmp_path / "wrong"), ("127.0.0.1", running.port),
+                            upstream_tls=(str(other_cert), False))
+        with MqttSidecarThread(wrong) as outer:
+            refused = RawMqtt(outer.port, f"{mqguard_unique_name}-wrong")
+            assert refused.connack is not None and refused.connack.reason_code == 0x88
 
 
 def test_random_octets_after_connect_never_take_the_sidecar_down(

@@ -96,3 +96,17 @@ def test_cli_refuses_stomp_only_options_and_bad_upstreams() -> None:
                                   "mqtt://user:secret@127.0.0.1:1883"])
     assert result.exit_code == 1 and "takes no credentials" in result.output
     assert "secret" not in result.output
+
+
+def test_parse_mqtt_upstream() -> None:
+    import pytest
+
+    from mqguard.errors import ConfigError
+    from mqguard.mqtt_sidecar.server import parse_mqtt_upstream
+
+    assert parse_mqtt_upstream("mqtt://h") == ("h", 1883, "mqtt", False)
+    assert parse_mqtt_upstream("mqtts://h?broker=rabbitmq") == ("h", 8883, "rabbitmq", True)
+    assert parse_mqtt_upstream("mqtt://h:1") == ("h", 1, "mqtt", False)
+    for bad in ("stomp://h:1", "mqtt://h?broker=kafka", "mqtt://:1"):
+        with pytest.raises(ConfigError):
+            parse_mqtt_upstream(bad)

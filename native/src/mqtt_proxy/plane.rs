@@ -98,11 +98,13 @@ impl MqttPlane {
 #[pymethods]
 impl MqttPlane {
     /// `upstream_host`/`upstream_port`: the broker every client connection is relayed to;
-    /// `tls_cert`/`tls_key`: PEM files to serve clients over TLS with.
+    /// `tls_cert`/`tls_key`: PEM files to serve clients over TLS with; `upstream_tls`: the
+    /// broker is reached over TLS, its certificate checked against `upstream_ca` (or not
+    /// at all, `upstream_insecure`).
     /// `max_packet_bytes` etc. bound what a client may send; `release_grace_ms` is how long
     /// an upstream connection outlives its client at most, waiting for `release`.
     #[new]
-    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000, max_connections = 1024, tls_cert = None, tls_key = None, max_handshake_bytes = 65536))]
+    #[pyo3(signature = (upstream_host, upstream_port, max_packet_bytes = 1 << 20, max_properties = 64, max_property_bytes = 16384, max_filters = 64, worker_threads = 1, release_grace_ms = 5000, max_connections = 1024, tls_cert = None, tls_key = None, max_handshake_bytes = 65536, upstream_tls = false, upstream_ca = None, upstream_insecure = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         upstream_host: String,
@@ -117,7 +119,18 @@ impl MqttPlane {
         tls_cert: Option<String>,
         tls_key: Option<String>,
         max_handshake_bytes: usize,
+        upstream_tls: bool,
+        upstream_ca: Option<String>,
+        upstream_insecure: bool,
     ) -> PyResult<Self> {
+        let upstream_tls = if upstream_tls {
+            let connector = super::tls::connector(upstream_ca.as_deref(), upstream_insecure)
+                .map_err(PyValueError::new_err)?;
+            let name = super::tls::server_name(&upstream_host).map_err(PyValueError::new_err)?;
+            Some((connector, name))
+        } else {
+            None
+        };
         let tls = match (tls_cert, tls_key) {
             (Some(cert), Some(key)) => {
                 Some(super::tls::acceptor(&cert, &key).map_err(PyValueError::new_err)?)
@@ -146,6 +159,7 @@ impl MqttPlane {
                 events: Arc::new(Events::new(wake_write)),
                 upstream: (upstream_host, upstream_port),
                 client_limits,
+                upstream_tls,
                 max_handshake_bytes: max_handshake_bytes.clamp(16, max_packet_bytes.max(16)),
                 tls,
                 broker_limits: Limits::default(),

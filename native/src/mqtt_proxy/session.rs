@@ -16,7 +16,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::events::{Event, Events, Msg, LOST};
 use super::ids::{Ids, Owner};
@@ -115,6 +116,8 @@ pub struct Ctx {
     pub max_handshake_bytes: usize,
     /// TLS toward clients, when the listener serves it.
     pub tls: Option<TlsAcceptor>,
+    /// TLS toward the broker (`mqtts://`) and the name its certificate must have.
+    pub upstream_tls: Option<(TlsConnector, ServerName<'static>)>,
     pub broker_limits: Limits,
     pub release_grace: Duration,
     /// Client connections served at once (a CONNECT beyond it is refused).
@@ -288,13 +291,8 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         peer: peer.to_string(),
     });
     let (to_client, client_task) = Out::new(client_write, version);
-    let upstream = match timeout(
-        CONNECT_TIMEOUT,
-        TcpStream::connect((ctx.upstream.0.as_str(), ctx.upstream.1)),
-    )
-    .await
-    {
-        Ok(Ok(stream)) => stream,
+    let upstream = match timeout(CONNECT_TIMEOUT, open_upstream(&ctx)).await {
+        Ok(Ok(halves)) => halves,
         failure => {
             let why = match failure {
                 Ok(Err(error)) => format!("broker unreachable: {error}"),
@@ -314,9 +312,8 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    let _ = upstream.set_nodelay(true);
-    let (upstream_read, upstream_write) = upstream.into_split();
-    let (to_upstream, upstream_task) = Out::new(Box::new(upstream_write), version);
+    let (upstream_read, upstream_write) = upstream;
+    let (to_upstream, upstream_task) = Out::new(upstream_write, version);
     let keep_alive = connect.keep_alive;
     to_upstream.packet(&Packet::Connect(connect));
     let mut session = Session {
@@ -342,7 +339,7 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
             packets,
             decoder,
             client_read,
-            Box::new(upstream_read),
+            upstream_read,
             cmd_rx,
             keep_alive,
         )
@@ -361,6 +358,23 @@ pub async fn serve(ctx: Arc<Ctx>, client: TcpStream, peer: SocketAddr) {
         reason,
     )
     .await;
+}
+
+/// The connection to the broker, TCP or TLS (`mqtts://`).
+async fn open_upstream(ctx: &Ctx) -> std::io::Result<(Reader, Writer)> {
+    let tcp = TcpStream::connect((ctx.upstream.0.as_str(), ctx.upstream.1)).await?;
+    let _ = tcp.set_nodelay(true);
+    match &ctx.upstream_tls {
+        None => {
+            let (read, write) = tcp.into_split();
+            Ok((Box::new(read), Box::new(write)))
+        }
+        Some((connector, name)) => {
+            let stream = connector.connect(name.clone(), tcp).await?;
+            let (read, write) = tokio::io::split(stream);
+            Ok((Box::new(read), Box::new(write)))
+        }
+    }
 }
 
 /// A client refused before its session exists: a CONNACK saying why when its version is
