@@ -13,7 +13,7 @@ export PYTHONPATH="${repo_root}${PYTHONPATH:+:${PYTHONPATH}}"
 
 # Test tools: Debian package per command. The suite fails (under CI) or skips (locally)
 # a test whose tool is missing, so a root install puts them all in place.
-declare -A tools=([shellcheck]=shellcheck [mosquitto_pub]=mosquitto-clients)
+declare -A tools=([shellcheck]=shellcheck [mosquitto_pub]=mosquitto-clients [node]=nodejs [npm]=npm)
 missing=()
 for tool in "${!tools[@]}"; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("${tools[$tool]}")
@@ -28,4 +28,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
                  && apt-get -o DPkg::Lock::Timeout=600 install -y -q "${missing[@]}"; }
         echo "installed: ${missing[*]}"
     fi
+fi
+
+# The npm `mqtt` client of the MQTT sidecar tests, from its lock file (again only when the
+# lock is newer than what is installed).
+mqtt_node="${repo_root}/tests/support/mqtt-node"
+if command -v npm >/dev/null 2>&1 \
+        && { [ ! -f "${mqtt_node}/node_modules/.package-lock.json" ] \
+             || [ "${mqtt_node}/package-lock.json" -nt "${mqtt_node}/node_modules/.package-lock.json" ]; }; then
+    npm ci --prefix "$mqtt_node" --no-audit --no-fund --loglevel=error
 fi

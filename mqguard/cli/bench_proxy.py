@@ -21,6 +21,11 @@ BROKERS = ("activemq", "rabbitmq")
 
 
 @click.command("proxy")
+@click.option("--protocol", type=click.Choice(("stomp", "mqtt")), default="stomp",
+              show_default=True, help="stomp: the brokers below; mqtt: MQTT 5 at QoS 1 "
+                                      "through the MQTT sidecar to Mosquitto.")
+@click.option("--mosquitto-url", help="mqtt:// URL of a Mosquitto to use instead of a local "
+                                      "one (--protocol mqtt).")
 @click.option("--broker", "brokers", multiple=True, type=click.Choice(BROKERS),
               help="Broker(s) to measure (repeatable; default: both).")
 @click.option("--activemq-url", help="stomp:// URL of an ActiveMQ to use instead of a local one.")
@@ -64,11 +69,19 @@ BROKERS = ("activemq", "rabbitmq")
                    "(asyncio) or native (the Rust extension's tokio runtime).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
-def proxy(brokers: tuple[str, ...], activemq_url: str | None, rabbitmq_url: str | None,
+def proxy(protocol: str, mosquitto_url: str | None, brokers: tuple[str, ...],
+          activemq_url: str | None, rabbitmq_url: str | None,
           store: str, redis_url: str | None, sidecar_mode: str, event_loop: str, messages: int,
           size: int, batch: int, prefetch: int, rounds: int, latency_samples: int, warmup: int,
           baselines: bool, data_plane: str, json_path: str | None) -> None:
     """Send / consume throughput and added latency of the sidecar, per broker."""
+    if protocol == "mqtt":
+        from mqguard.cli.bench_proxy_mqtt import run_mqtt_bench
+
+        run_mqtt_bench(mosquitto_url=mosquitto_url, store=store, redis_url=redis_url,
+                       messages=messages, size=size, batch=batch, rounds=rounds,
+                       latency_samples=latency_samples, warmup=warmup, json_path=json_path)
+        return
     try:
         loop_name = resolve_loop(event_loop)
     except MqguardError as exc:

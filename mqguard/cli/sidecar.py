@@ -33,6 +33,9 @@ class JsonLogFormatter(logging.Formatter):
 
 
 @click.command()
+@click.option("--protocol", type=click.Choice(("stomp", "mqtt")), default="stomp",
+              show_default=True, help="What clients speak: STOMP, or MQTT 3.1.1/5 "
+                                      "(--upstream mqtt://HOST:PORT; docs/sidecar-mqtt.md).")
 @click.option("--listen", default="127.0.0.1:61623", show_default=True,
               help="HOST:PORT clients connect to (port 0: any free port, printed at start).")
 @click.option("--upstream", required=True,
@@ -67,12 +70,12 @@ class JsonLogFormatter(logging.Formatter):
                    "tokio runtime; docs/sidecar.md, \"Data planes\"); native-session "
                    "(experimental): the sessions run in that runtime too, the guard called "
                    "per read batch. Default: [mqguard.sidecar] data-plane (python).")
-def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | None,
+def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
             upstream_insecure: bool, reap_addresses: tuple[str, ...],
             redistribute_groups: tuple[str, ...], log_format: str, event_loop: str,
             data_plane: str | None) -> None:
-    """Run the transparent STOMP proxy in front of a broker.
+    """Run the transparent STOMP (or, with --protocol mqtt, MQTT) proxy in front of a broker.
 
     Unmodified STOMP 1.0-1.2 clients connect here instead of to the broker and get
     duplicate detection, expiry, delivery counting with dead letters and the consumer
@@ -84,6 +87,17 @@ def sidecar(listen: str, upstream: str, config_path: str | None, admin: str | No
     logging.getLogger("mqguard").setLevel(min(logging.getLogger().level, logging.INFO))
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    if protocol == "mqtt":
+        from mqguard.cli.sidecar_mqtt import refuse_stomp_options, run_mqtt_sidecar
+
+        refuse_stomp_options(reap=reap_addresses, redistribute=redistribute_groups,
+                             data_plane=data_plane)
+
+        run_mqtt_sidecar(listen=listen, upstream=upstream, config_path=config_path,
+                         admin=admin, event_loop=event_loop,
+                         tls_files=(tls_cert, tls_key) if tls_cert and tls_key else None,
+                         upstream_ca=upstream_ca, upstream_insecure=upstream_insecure)
+        return
     try:
         config = load_config(config_path)
         target = parse_upstream(upstream, cafile=upstream_ca, insecure=upstream_insecure)

@@ -9,6 +9,7 @@
 use pyo3::prelude::*;
 
 pub mod mqtt;
+pub mod mqtt_proxy;
 pub mod session;
 pub mod stomp;
 pub mod transport;
@@ -17,6 +18,7 @@ pub mod transport;
 fn mqguard_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     mqtt::register(m)?;
+    mqtt_proxy::register(m)?;
     stomp::register(m)?;
     transport::register(m)?;
     Ok(())
