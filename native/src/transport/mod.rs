@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 pub(crate) mod events;
 pub(crate) mod leg;
 mod plane;
-mod tls;
+pub(crate) mod tls;
 
 pub use plane::Plane;
 
