@@ -20,6 +20,9 @@ The state directory remembers:
   run's part too; a reader takes the widest span of its rows and ignores ids open
   now. Past :data:`CLOSED_PARTS_BOUND` parts they are compacted into one (one row
   per id);
+- ``copies/``: a Parquet copy of every gzipped JSONL segment audited (named by its
+  rank and content checks), written by the run that parsed it: a message reopened
+  later is read again from the copy, not by parsing the JSON again;
 - ``findings/``: the last run's findings: a closed message's, which no later watermark
   changes (only a message's own events decide them once it has a fate), and an open
   one's, which the next run drops as it judges that message again.
@@ -38,7 +41,8 @@ The bookkeeping around the audit proper (the new events' ids and last time, the
 reopened messages, the fates, the state written) is done on the driver with pyarrow
 (:mod:`mqguard.audit.incremental_tables`): the audit is the run's only Spark work. A
 gzipped JSONL segment is parsed once, by pyarrow, and the audit reads its Parquet
-copy (a file pyarrow cannot read exactly is read by Spark, as a full audit reads it).
+copy (a file pyarrow cannot read exactly is read by Spark, as a full audit reads it,
+and has no copy).
 
 Only rotated segments (``.parquet``, ``.jsonl.gz``) are consumed: the live
 ``.jsonl`` file is still being written, and its events come back in its next rotated
@@ -149,8 +153,9 @@ def _load_state(directory: str) -> dict[str, Any] | None:
 
 
 def _check_recorded(directory: str, state: Mapping[str, Any], settings: Mapping[str, Any],
-                    watermark: int | None) -> list[str]:
-    """The recorded files, each checked against its mark; raises :class:`StateError`."""
+                    watermark: int | None) -> list[FileMark]:
+    """The recorded files' marks, each checked against its file; raises
+    :class:`StateError`."""
     if state["settings"] != settings:
         raise StateError(f"--state {directory} holds findings judged with other settings "
                          f"({state['settings']}, now {dict(settings)}); use another state "
@@ -168,8 +173,14 @@ def _check_recorded(directory: str, state: Mapping[str, Any], settings: Mapping[
             raise StateError(f"{mark.path} changed since it was audited (size, time or "
                              f"content; recorded in --state {directory}): remove the state "
                              "directory to audit from scratch")
-        recorded.append(mark.path)
+        recorded.append(mark)
     return recorded
+
+
+def _copy_name(rank: int, mark: FileMark) -> str:
+    """The Parquet copy of the gzipped JSONL segment of rank ``rank``: named by the
+    file's content checks too, so a copy never stands for another file."""
+    return f"{rank:06d}-{mark.size}-{mark.tail[:16]}.parquet"
 
 
 def _replace(source: str, target: str) -> None:
@@ -215,8 +226,9 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
     settings = _settings(options)
     os.makedirs(state_dir, exist_ok=True)
     state = _load_state(state_dir)
-    recorded = (_check_recorded(state_dir, state, settings, options.watermark)
-                if state else [])
+    recorded_marks = (_check_recorded(state_dir, state, settings, options.watermark)
+                      if state else [])
+    recorded = [m.path for m in recorded_marks]
     known = set(recorded)
     live = [f for f in files if not f.endswith(_ROTATED)]
     new = [f for f in files if f.endswith(_ROTATED) and f not in known]
@@ -225,6 +237,7 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
     open_dir = os.path.join(state_dir, "open")
     closed_dir = os.path.join(state_dir, "closed")
     kept_dir = os.path.join(state_dir, "findings")
+    copies_dir = os.path.join(state_dir, "copies")
     open_keys_dir = os.path.join(state_dir, "open_keys")
     work = tempfile.mkdtemp(prefix=".incremental-", dir=state_dir)
     spark_read = _spark_reader(spark)
@@ -232,8 +245,11 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
     clock = time.perf_counter()
     try:
         progress(f"{len(new)} new file(s), {len(recorded)} audited before")
-        segments = [segment_events(path, len(recorded) + i, os.path.join(work, "copies"),
-                                   spark_read) for i, path in enumerate(new)]
+        segments = [segment_events(path, len(recorded) + i,
+                                   os.path.join(work, "copies", _copy_name(len(recorded) + i,
+                                                                           mark)),
+                                   spark_read) for i, (path, mark) in enumerate(zip(
+                                       new, marks, strict=True))]
         fresh = _concat([s.events for s in segments])
         carried = (read_table(open_dir) if state and os.path.isdir(open_dir)
                    and state.get("open_events") else None)
@@ -273,7 +289,8 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
                 progress(f"{reopened} closed message(s) have new events: reading their "
                          f"events again from {len(ranks)} file(s)")
                 for rank in ranks:
-                    prior.append(events_of(segment_events(recorded[rank], rank, None,
+                    copy = os.path.join(copies_dir, _copy_name(rank, recorded_marks[rank]))
+                    prior.append(events_of(segment_events(recorded[rank], rank, copy,
                                                           spark_read).events,
                                            touched["key"]))
                 files_read_again = len(ranks)
@@ -372,6 +389,11 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
             _replace(source_dir, target)
         os.makedirs(closed_dir, exist_ok=True)
         _replace(new_closed, os.path.join(closed_dir, f"run={run_id}"))
+        os.makedirs(copies_dir, exist_ok=True)
+        for segment in segments:
+            if os.path.dirname(segment.audit_path) == os.path.join(work, "copies"):
+                os.replace(segment.audit_path, os.path.join(
+                    copies_dir, os.path.basename(segment.audit_path)))
         with open(os.path.join(state_dir, "summary.json"), "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=2)
         _save_state(state_dir, {
@@ -380,6 +402,12 @@ def run_incremental(spark: SparkSession, options: AuditOptions, state_dir: str,
                       ([FileMark(**e) for e in state["files"]] if state else []) + marks],
             "watermark": watermark, "last_ts": last_ts, "settings": settings,
             "drained": drained_out, "open_events": open_events, "closed_runs": runs_out})
+        # Copies of files no longer recorded (left by an interrupted run) are never read.
+        listed = {_copy_name(rank, mark) for rank, mark in enumerate([*recorded_marks,
+                                                                        *marks])}
+        for name in os.listdir(copies_dir):
+            if name not in listed:
+                os.unlink(os.path.join(copies_dir, name))
         # Parts compacted away (or left by an interrupted run) are no longer listed.
         for name in os.listdir(closed_dir):
             if name not in {f"run={r}" for r in runs_out}:

@@ -109,30 +109,37 @@ def _ordered(table: pa.Table, rank: int, rows: Any = None) -> pa.Table:
     return table.filter(pc.fill_null(valid, False))
 
 
-def segment_events(path: str, rank: int, copy_dir: str | None,
+def segment_events(path: str, rank: int, copy: str | None,
                    spark_read: Callable[[str], pa.Table]) -> Segment:
     """The events of the rotated segment ``path`` (rank ``rank``).
 
-    Parquet segments are read with pyarrow; gzipped JSONL ones too when pyarrow
-    reads them exactly (then, with ``copy_dir``, also written there as Parquet for
-    the audit, which thus parses the file once); anything else by ``spark_read``
-    (its events with a ``row`` column in writing order, invalid lines dropped)."""
+    Parquet segments are read with pyarrow. A gzipped JSONL one is read from its
+    Parquet ``copy`` when that exists (written by the run that audited it); else
+    parsed by pyarrow when it reads exactly, and then written to ``copy`` (the
+    audit reads the copy, so the file is parsed once, and so does a later run that
+    reads it again); anything else is read by ``spark_read`` (its events with a
+    ``row`` column in writing order, invalid lines dropped)."""
     local = "://" not in path and os.path.isfile(path)
     if local and path.endswith(".parquet"):
-        schema = pq.read_schema(path)
-        table = pq.read_table(path, columns=[c for c in AUDIT_FIELDS if c in schema.names])
-        return Segment(_ordered(table, rank), path)
+        return Segment(_ordered(_read_events(path), rank), path)
+    if copy is not None and os.path.isfile(copy):
+        return Segment(_ordered(_read_events(copy), rank), copy)
     parsed = _json_table(path) if local and path.endswith(".jsonl.gz") else None
     if parsed is None:
         read = spark_read(path).sort_by("row")
         return Segment(_ordered(read.drop_columns(["row"]), rank,
                                 read.column("row").cast(pa.int64())), path)
-    audit_path = path
-    if copy_dir is not None:
-        os.makedirs(copy_dir, exist_ok=True)
-        audit_path = os.path.join(copy_dir, f"{rank:06d}.parquet")
-        pq.write_table(parsed, audit_path, compression="none")
-    return Segment(_ordered(parsed, rank), audit_path)
+    if copy is None:
+        return Segment(_ordered(parsed, rank), path)
+    os.makedirs(os.path.dirname(copy), exist_ok=True)
+    # Every line, readable or not: the audit counts them as it would in the original.
+    pq.write_table(parsed, copy)
+    return Segment(_ordered(parsed, rank), copy)
+
+
+def _read_events(path: str) -> pa.Table:
+    schema = pq.read_schema(path)
+    return pq.read_table(path, columns=[c for c in AUDIT_FIELDS if c in schema.names])
 
 
 def keys_of(events: pa.Table) -> pa.Table:

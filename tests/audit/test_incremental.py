@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +80,12 @@ def _last_ts(paths: list[Path]) -> int:
     return last
 
 
-def _incremental(spark: Any, files: list[Path], cuts: list[int], watermark: int,
-                 root: Path) -> tuple[set[tuple[str, str]], list[dict[str, Any]]]:
+def _incremental(spark: Any, files: list[Path], cuts: list[int], watermark: int, root: Path,
+                 after_run: Callable[[Path], None] = lambda state: None
+                 ) -> tuple[set[tuple[str, str]], list[dict[str, Any]]]:
     """Audit with a state after each cut (files arriving in writing order); each run's
     watermark just behind its last event (so messages close between runs), at most the
-    full audit's, which the last run takes."""
+    full audit's, which the last run takes. ``after_run`` looks at the state dir."""
     inbox, state, out = root / "inbox", root / "state", root / "out"
     inbox.mkdir()
     summaries = []
@@ -95,6 +97,7 @@ def _incremental(spark: Any, files: list[Path], cuts: list[int], watermark: int,
         result = run_incremental(spark, AuditOptions(
             [str(inbox)], out=str(out), config=CONFIG, watermark=at, html=False), str(state))
         summaries.append(result.summary)
+        after_run(state)
     return _found(spark, out), summaries
 
 
@@ -114,12 +117,37 @@ def test_findings_equal_a_full_audit_whatever_the_splits(
 
 def test_a_duplicate_after_the_acknowledgement_reopens_the_message(
         spark: Any, planted: tuple[Path, int, list[Path]], full: set[tuple[str, str]],
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Split every second file: a message handled in one run and delivered again in a
-    later one is read again from the audited files and judged a duplicate."""
+    later one is read again from the audited files (their copies) and judged a
+    duplicate. The state
+    goes through many runs: each adds one closed-id part and leaves the earlier ones as
+    they were; past the bound (2 here) they are compacted into one, one row per id."""
+    monkeypatch.setattr(incremental, "CLOSED_PARTS_BOUND", 2)
     _, watermark, files = planted
     cuts = list(range(2, len(files), 2))
-    found, summaries = _incremental(spark, files, cuts, watermark, tmp_path)
+    parts_seen: list[list[str]] = []
+    mtimes: dict[str, int] = {}
+
+    def closed_parts(state: Path) -> None:
+        parts = sorted(os.listdir(state / "closed"))
+        recorded = json.loads((state / "state.json").read_text())["closed_runs"]
+        assert parts == sorted(f"run={r}" for r in recorded)
+        assert len(parts) <= 2
+        for name in parts:
+            # A part is written once: the parts a run keeps are untouched by it.
+            stamp = (state / "closed" / name).stat().st_mtime_ns
+            assert mtimes.setdefault(name, stamp) == stamp
+        if len(parts) == 1:
+            keys = pq.read_table(state / "closed" / parts[0], columns=["key"]).column("key")
+            assert len(keys) == len(set(keys.to_pylist()))
+        parts_seen.append(parts)
+        # Each gzipped JSONL segment audited has its Parquet copy (read again from it).
+        audited = json.loads((state / "state.json").read_text())["files"]
+        assert len(os.listdir(state / "copies")) == sum(
+            f["path"].endswith(".jsonl.gz") for f in audited)
+
+    found, summaries = _incremental(spark, files, cuts, watermark, tmp_path, closed_parts)
     assert found == full
     assert sum(s["incremental"]["reopened_messages"] for s in summaries) > 0
     assert all(s["incremental"]["open_events"] >= 0 for s in summaries)
@@ -127,6 +155,7 @@ def test_a_duplicate_after_the_acknowledgement_reopens_the_message(
     again = [s["incremental"]["files_read_again"] for s in summaries
              if s["incremental"]["reopened_messages"]]
     assert again and all(0 < n < len(files) for n in again), again
+    assert len(cuts) >= 3 and any(len(p) == 1 and p != parts_seen[0] for p in parts_seen[2:])
 
 
 def test_rewritten_file_is_refused(spark: Any, planted: tuple[Path, int, list[Path]],
@@ -147,43 +176,18 @@ def test_rewritten_file_is_refused(spark: Any, planted: tuple[Path, int, list[Pa
         run_incremental(spark, options, str(state))
 
 
+def test_an_older_state_version_is_refused(spark: Any, tmp_path: Path) -> None:
+    inbox, state = tmp_path / "inbox", tmp_path / "state"
+    inbox.mkdir()
+    state.mkdir()
+    (inbox / "events-n.000001.jsonl.gz").write_bytes(b"")
+    (state / "state.json").write_text(json.dumps({"version": 1, "files": []}))
+    with pytest.raises(StateError, match=r"state version 1, this mqguard writes 2; remove"):
+        run_incremental(spark, AuditOptions([str(inbox)], out=str(tmp_path / "out"),
+                                            config=CONFIG, html=False), str(state))
+
+
 def test_cli_refuses_state_with_redis(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["audit", str(tmp_path), "--state", str(tmp_path / "s"),
                                        "--redis", "redis://127.0.0.1:1"])
     assert result.exit_code == 2 and "--state audits the event log only" in result.output
-
-
-def test_closed_ids_are_appended_per_run_and_compacted_past_the_bound(
-        spark: Any, planted: tuple[Path, int, list[Path]], full: set[tuple[str, str]],
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A state dir from many runs: each run adds one closed-id part and leaves the earlier
-    ones as they were; past the bound they are compacted into one, one row per id, and
-    the findings stay a full audit's."""
-    monkeypatch.setattr(incremental, "CLOSED_PARTS_BOUND", 2)
-    _, watermark, files = planted
-    cuts = sorted({max(1, len(files) * k // 6) for k in range(1, 6)} - {len(files)})
-    inbox, state, out = tmp_path / "inbox", tmp_path / "state", tmp_path / "out"
-    inbox.mkdir()
-    parts_seen: list[list[str]] = []
-    mtimes: dict[str, int] = {}
-    for n, end in enumerate([*cuts, len(files)]):
-        for path in files[:end]:
-            if not (inbox / path.name).exists():
-                os.link(path, inbox / path.name)
-        at = watermark if n == len(cuts) else min(watermark, _last_ts(files[:end]) - 10)
-        run_incremental(spark, AuditOptions([str(inbox)], out=str(out), config=CONFIG,
-                                            watermark=at, html=False), str(state))
-        parts = sorted(os.listdir(state / "closed"))
-        recorded = json.loads((state / "state.json").read_text())["closed_runs"]
-        assert parts == sorted(f"run={r}" for r in recorded)
-        assert len(parts) <= 2
-        for name in parts:
-            # A part is written once: the parts a run keeps are untouched by it.
-            stamp = (state / "closed" / name).stat().st_mtime_ns
-            assert mtimes.setdefault(name, stamp) == stamp
-        if len(parts) == 1:
-            keys = pq.read_table(state / "closed" / parts[0], columns=["key"]).column("key")
-            assert len(keys) == len(set(keys.to_pylist()))
-        parts_seen.append(parts)
-    assert len(cuts) >= 3 and any(len(p) == 1 and p != parts_seen[0] for p in parts_seen[2:])
-    assert _found(spark, out) == full
