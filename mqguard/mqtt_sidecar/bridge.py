@@ -31,6 +31,7 @@ from mqguard.mqtt_sidecar.leg import DeliveryToken, MqttLeg, Publications
 from mqguard.mqtt_sidecar.messages import (
     MqttMessage,
     address_to_topic,
+    content_message_id,
     delivery_message,
     expiry_interval,
     send_message,
@@ -159,13 +160,16 @@ class MqttBridge:
             plane.verdicts(batch, [])  # every message refused
             return
         guarded = [send_message(mqtt) for mqtt in messages]
-        for message in guarded:
+        for mqtt, message in zip(messages, guarded, strict=True):
             if message.producer_id is None:
                 message.producer_id = connection.producer_id
                 message.sequence = next(connection.sequence)
                 if not message.message_id:
-                    message.message_id = derived_message_id(connection.producer_id,
-                                                            message.sequence)
+                    # MQTT 3.1.1 carries no id to the broker: its deliveries will be known
+                    # by their content id, so the send is too (the audit pairs them).
+                    message.message_id = (
+                        derived_message_id(connection.producer_id, message.sequence)
+                        if connection.level == 5 else content_message_id(mqtt))
         try:
             decision = self.guard.decide_sends(guarded, connection.leg.capabilities,
                                                broker=self.broker, sender=f"mqtt:{conn}")

@@ -15,8 +15,9 @@ from typing import Final
 from mqguard.digest import content_id
 from mqguard.message import Message, now_ms
 
-__all__ = ["MESSAGE_TOPIC_HEADER", "MqttMessage", "address_to_topic", "delivery_message",
-           "expiry_interval", "send_message", "topic_to_address", "user_properties"]
+__all__ = ["MESSAGE_TOPIC_HEADER", "MqttMessage", "address_to_topic", "content_message_id",
+           "delivery_message", "expiry_interval", "send_message", "topic_to_address",
+           "user_properties"]
 
 #: The header (name) that puts the topic into a content id of a message without one.
 MESSAGE_TOPIC_HEADER: Final = "mqtt-topic"
@@ -73,6 +74,15 @@ def send_message(mqtt: MqttMessage) -> Message:
     return message
 
 
+def content_message_id(mqtt: MqttMessage) -> str:
+    """The message id of a PUBLISH that cannot carry the guard's: from its topic and payload.
+
+    A delivery without ``mqguard-id`` gets it, and so does an MQTT 3.1.1 client's send
+    (nothing can carry an id to the broker), so the audit meets the same id at both ends.
+    """
+    return content_id(mqtt.payload, {MESSAGE_TOPIC_HEADER: mqtt.topic}, (MESSAGE_TOPIC_HEADER,))
+
+
 def delivery_message(mqtt: MqttMessage) -> Message:
     """The guard's message for a PUBLISH the broker delivers.
 
@@ -82,8 +92,7 @@ def delivery_message(mqtt: MqttMessage) -> Message:
     """
     message = Message.from_wire(topic_to_address(mqtt.topic), mqtt.payload, _headers(mqtt.user))
     if not message.message_id:
-        message.message_id = content_id(mqtt.payload, {MESSAGE_TOPIC_HEADER: mqtt.topic},
-                                        (MESSAGE_TOPIC_HEADER,))
+        message.message_id = content_message_id(mqtt)
     expiration = _expiration(mqtt, now_ms())
     if expiration and (not message.expiration or expiration < message.expiration):
         message.expiration = expiration

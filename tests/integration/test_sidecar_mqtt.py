@@ -228,8 +228,13 @@ def test_content_duplicate_detection_for_mqtt311(proxy: MqttSidecarThread,
     finally:
         sub.close()
         device.disconnect()
-    rejected = [e for e in events(tmp_path, proxy) if e["type"] == "duplicate_rejected"]
+    recorded = events(tmp_path, proxy)
+    rejected = [e for e in recorded if e["type"] == "duplicate_rejected"]
     assert len(rejected) == 1 and rejected[0]["duplicate_id"].startswith("content:")
+    # Sent and delivered under one id, so the audit follows each message end to end.
+    sent = {e["message_id"] for e in recorded if e["type"] == "sent"}
+    delivered = {e["message_id"] for e in recorded if e["type"] == "delivered"}
+    assert len(sent) == 2 and sent == delivered
 
 
 @pytest.mark.parametrize("proxy", [{"max-delivery-attempts": 2,

@@ -7,6 +7,7 @@ from mqguard.message import DUPLICATE_ID_HEADER, ORIG_ADDRESS_HEADER, Message, n
 from mqguard.mqtt_sidecar.leg import DeliveryToken, MqttLeg, Publications
 from mqguard.mqtt_sidecar.messages import (
     MqttMessage,
+    content_message_id,
     delivery_message,
     expiry_interval,
     send_message,
@@ -36,6 +37,8 @@ def test_delivery_message_id_is_the_guards_or_the_contents() -> None:
     one, again = delivery_message(mqtt(dup=False)), delivery_message(mqtt(dup=True))
     assert one.message_id == again.message_id and one.message_id.startswith("content:")
     assert delivery_message(mqtt(topic="a/c")).message_id != one.message_id
+    # A 3.1.1 client's send takes the same id (the audit pairs send and delivery).
+    assert content_message_id(mqtt()) == one.message_id
 
 
 def test_expiry_interval_rounds_up_and_never_reaches_zero() -> None:
