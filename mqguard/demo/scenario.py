@@ -1,4 +1,5 @@
-"""The demo's traffic: one address through the sidecar, one through the wrappers.
+"""The demo's traffic: one address through the sidecar, one through the wrappers, one
+through the MQTT sidecar.
 
 - ``<base>.orders``: an unmodified stomp.py producer and consumer talk to the sidecar,
   which guards them (the way a Java or Node application would be guarded).
@@ -7,10 +8,13 @@
   that swallows its acknowledgements for a while and then cuts its connection (the
   injected failover): the broker redelivers what the handler already handled, and the
   consumer audit must keep it from the handler.
+- ``<base>.devices`` (MQTT topic ``<base>/devices``, on Mosquitto): an MQTT 3.1.1 device
+  and an MQTT 5 application publish through the MQTT sidecar; a subscriber drops its
+  session on poison messages (:mod:`mqguard.demo.mqtt_leg`).
 
-Both addresses get the same seeded mix (:mod:`mqguard.demo.plan`). Short-lived messages
+Every address gets the same seeded mix (:mod:`mqguard.demo.plan`). Short-lived messages
 expire before the consumers start; poison messages fail in the handler on every
-delivery. Both legs share one Redis, so the sidecar and the application see one
+delivery. Every leg shares one Redis, so the sidecars and the application see one
 duplicate-ID cache and one set of delivery counts.
 """
 
@@ -20,7 +24,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
@@ -29,8 +32,12 @@ import stomp
 from mqguard.config import MqguardConfig
 from mqguard.consumer import GuardedConsumer
 from mqguard.demo.faultproxy import FaultProxy
-from mqguard.demo.plan import INDEX_HEADER, POISON_HEADER, DemoPlan, Kind, Planned
+from mqguard.demo.mqtt_leg import DemoMqttLeg, mqtt_host_port
+from mqguard.demo.outcome import LegOutcome, wait_for
+from mqguard.demo.plan import INDEX_HEADER, POISON_HEADER, DemoPlan, Kind
 from mqguard.message import ORIG_MESSAGE_ID_HEADER, now_ms
+from mqguard.mqtt_sidecar.server import MqttSidecar
+from mqguard.mqtt_sidecar.thread import MqttSidecarThread
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.reaper import ExpiryReaper
@@ -43,39 +50,6 @@ SHORT_TTL_MS = 300
 FAILOVER_UNACKED = 10
 
 Report = Callable[[str], None]
-
-
-@dataclass
-class LegOutcome:
-    """What the clients of one address saw (the audit judges the event log separately)."""
-
-    address: str
-    planned: list[Planned]
-    #: Handler invocations per planned index (normal and poison messages).
-    handled: Counter[int] = field(default_factory=Counter)
-    dead_letters: int = 0
-    expired_copies: int = 0
-    #: Messages the failover left handled but unacknowledged on the broker.
-    failover_unacked: int = 0
-
-    def handled_twice(self) -> int:
-        normal = {p.index for p in self.planned if p.kind is Kind.NORMAL}
-        return sum(1 for index, n in self.handled.items() if index in normal and n > 1)
-
-    def progress(self) -> str:
-        want = Counter(p.kind for p in self.planned)
-        normal_done = sum(1 for p in self.planned
-                          if p.kind is Kind.NORMAL and self.handled[p.index])
-        return (f"{self.address}: handled {normal_done}/{want[Kind.NORMAL]}, dead-lettered "
-                f"{self.dead_letters}/{want[Kind.POISON]}, expired "
-                f"{self.expired_copies}/{want[Kind.SHORT_LIVED]}")
-
-    def complete(self) -> bool:
-        want = Counter(p.kind for p in self.planned)
-        normal_done = sum(1 for p in self.planned
-                          if p.kind is Kind.NORMAL and self.handled[p.index])
-        return (normal_done == want[Kind.NORMAL] and self.dead_letters == want[Kind.POISON]
-                and self.expired_copies == want[Kind.SHORT_LIVED])
 
 
 class _Inbox(stomp.ConnectionListener):  # type: ignore[misc]
@@ -127,46 +101,54 @@ def _stomp_connection(url: str, listener: _Inbox) -> stomp.Connection:
     return conn
 
 
-def _wait(condition: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            told = what() if callable(what) else what
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {told}")
-        time.sleep(0.05)
-
-
 class DemoScenario:
     """Runs both legs against one broker and one Redis; see the module docstring."""
 
     def __init__(self, broker_url: str, sidecar_config: MqguardConfig,
                  app_config: MqguardConfig, plan: DemoPlan, base: str, *,
+                 mqtt_url: str, mqtt_config: MqguardConfig,
                  report: Report = lambda _: None, timeout: float = 120.0) -> None:
         self.broker_url = broker_url
         self.sidecar_config = sidecar_config
         self.app_config = app_config
+        self.mqtt_url = mqtt_url
+        self.mqtt_config = mqtt_config
         self.plan = plan
         self.report = report
         self.timeout = timeout
         self.orders = LegOutcome(f"{base}.orders", plan.messages_for("orders"))
         self.payments = LegOutcome(f"{base}.payments", plan.messages_for("payments"))
+        self.devices = LegOutcome(f"{base}.devices", plan.messages_for("devices"))
+        self.mqtt = DemoMqttLeg(self.devices, mqtt_host_port(mqtt_url),
+                                name=base.replace(".", "-"), report=report, timeout=timeout)
 
     def run(self) -> list[LegOutcome]:
         sidecar = Sidecar(self.sidecar_config, parse_upstream(self.broker_url),
                           admin=("127.0.0.1", 0))
-        with SidecarThread(sidecar) as running:
+        mqtt_sidecar = MqttSidecar(self.mqtt_config, mqtt_host_port(self.mqtt_url),
+                                   broker="mosquitto")
+        with SidecarThread(sidecar) as running, MqttSidecarThread(mqtt_sidecar) as mqtt:
             sidecar_url = urlunsplit(urlsplit(self.broker_url)._replace(
                 netloc=f"127.0.0.1:{running.port}"))
-            self.report(f"sidecar listening on 127.0.0.1:{running.port}")
+            self.report(f"sidecar listening on 127.0.0.1:{running.port}, MQTT sidecar on "
+                        f"127.0.0.1:{mqtt.port}")
             with Guard(self.app_config, role="app") as guard:
                 self._prepare_expiry(guard)
+                self.mqtt.prepare(mqtt.port)
+                # MQTT first: its expiry counts whole seconds, the STOMP sends overlap it.
+                mqtt_expired_by = self.mqtt.send(mqtt.port)
                 self._send_orders(sidecar_url)
                 self._send_payments(guard)
                 # Short-lived messages must be dead before anyone consumes.
-                time.sleep(SHORT_TTL_MS / 1000 + 0.5)
+                expired_by = max(mqtt_expired_by, time.monotonic() + SHORT_TTL_MS / 1000 + 0.5)
+                time.sleep(max(0.0, expired_by - time.monotonic()))
+                driver = mqtt_sidecar.driver
+                self.mqtt.consume(mqtt.port,
+                                  lambda: driver.plane.connection_count() if driver else 0)
                 self._consume(sidecar_url, guard)
             running.sidecar.guard.events.flush()
-        return [self.orders, self.payments]
+            mqtt_sidecar.guard.events.flush()
+        return [self.orders, self.payments, self.devices]
 
     def _prepare_expiry(self, guard: Guard) -> None:
         """On a broker that expires messages itself and dead-letters them to the reaper's
@@ -198,7 +180,7 @@ class DemoScenario:
                     headers["expires"] = str(now_ms() + SHORT_TTL_MS)
                 conn.send(f"/queue/{self.orders.address}", f"order {item.index}",
                           headers=headers, receipt=f"o{sent}")
-            _wait(lambda: inbox.receipts >= len(frames) or bool(inbox.errors), self.timeout,
+            wait_for(lambda: inbox.receipts >= len(frames) or bool(inbox.errors), self.timeout,
                   "the sidecar's receipts")
             if inbox.errors:
                 raise RuntimeError(f"the sidecar refused a send: {inbox.errors[0]}")
@@ -256,7 +238,7 @@ class DemoScenario:
                                     f"EXP.{leg.address}", ()))
                         return orders.complete() and payments.complete()
 
-                    _wait(settled, self.timeout, lambda: "every message's fate: "
+                    wait_for(settled, self.timeout, lambda: "every message's fate: "
                           f"{orders.progress()}; {payments.progress()}")
                     time.sleep(1.0)  # late redeliveries, if any, would show up now
                     settled()

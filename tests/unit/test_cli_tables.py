@@ -9,10 +9,10 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from mqguard.cli.demo import TRAFFIC_ROWS, traffic_table
+from mqguard.cli.demo import TRAFFIC_ROWS, audit_table, traffic_table
 from mqguard.cli.table import print_table, results_table
+from mqguard.demo.outcome import LegOutcome
 from mqguard.demo.plan import DemoPlan, Kind
-from mqguard.demo.scenario import LegOutcome
 
 WIDTH = 80
 
@@ -42,27 +42,48 @@ def leg(address: str, messages: int, unacked: int) -> LegOutcome:
 @pytest.mark.parametrize("messages", [60, 100_000])  # the smallest and largest run -n allows
 def test_demo_traffic_table_is_whole_at_80_columns(messages: int) -> None:
     base = "demo.m0NriKMy"
-    legs = [leg(f"{base}.orders", messages, 0), leg(f"{base}.payments", messages, 10)]
+    legs = [leg(f"{base}.orders", messages, 0), leg(f"{base}.payments", messages, 10),
+            leg(f"{base}.devices", messages, 0)]
     lines = rendered(traffic_table(legs))
 
     assert all(len(line) <= WIDTH for line in lines), lines
     assert not any("…" in line for line in lines), "\n".join(lines)
     rows = cells(lines)
     # Header: two lines per address column ("orders" over "via sidecar").
-    assert rows[0] == ["", "orders", "payments"]
-    assert rows[1] == ["", "via sidecar", "via wrappers"]
+    assert rows[0] == ["", "orders", "payments", "devices"]
+    assert rows[1] == ["", "via sidecar", "via wrappers", "via MQTT sidecar"]
     body = {row[0]: row[1:] for row in rows[2:]}
     assert list(body) == list(TRAFFIC_ROWS)  # each label on one line, none folded
     normal = round(messages * 0.9)
     poison = short = round(messages * 0.05)
-    assert body["messages (distinct)"] == [str(messages)] * 2
-    assert body["sent twice (copy rejected)"] == [str(round(messages * 0.1))] * 2
-    assert body["handled once / planned"] == [f"{normal}/{normal}"] * 2
-    assert body["dead-lettered / planned"] == [f"{poison}/{poison}"] * 2
-    assert body["expired / planned"] == [f"{short}/{short}"] * 2
-    assert body["handled twice"] == ["0", "0"]
-    assert body["unacked at the failover cut"] == ["-", "10"]
+    assert body["messages (distinct)"] == [str(messages)] * 3
+    assert body["sent twice (copy rejected)"] == [str(round(messages * 0.1))] * 3
+    assert body["handled once / planned"] == [f"{normal}/{normal}"] * 3
+    assert body["dead-lettered / planned"] == [f"{poison}/{poison}"] * 3
+    assert body["expired / planned"] == [f"{short}/{short}"] * 3
+    assert body["handled twice"] == ["0", "0", "0"]
+    assert body["unacked at the failover cut"] == ["-", "10", "-"]
     assert "what the clients saw (demo.m0NriKMy.*)" in lines[0]
+
+
+def test_demo_audit_table_has_a_line_per_address_and_its_anomalies() -> None:
+    base = "demo.m0NriKMy"
+    figures = {"messages": 100_000, "sent": 100_000, "deliveries": 105_000,
+               "with_fate": 99_999}
+    summary = {
+        "addresses": {f"{prefix}{base}.{leg}": figures for leg in ("orders", "devices")
+                      for prefix in ("", "DLQ.")} | {"elsewhere": figures},
+        "classes": {"lost": {"anomaly": True, "by_address": {f"{base}.devices": {"count": 1}}},
+                    "unseen": {"anomaly": False,
+                               "by_address": {f"{base}.orders": {"count": 7}}}}}
+    lines = rendered(audit_table(summary, base))
+
+    assert all(len(line) <= WIDTH for line in lines), lines
+    rows = cells(lines)
+    assert rows[0] == ["address", "messages", "sent", "deliveries", "with fate", "anomalies"]
+    assert [row[0] for row in rows[1:]] == ["devices", "DLQ.devices", "orders", "DLQ.orders"]
+    assert rows[1][1:] == ["100,000", "100,000", "105,000", "99,999", "1"]
+    assert rows[3][-1] == "0"  # a finding that is not an anomaly is not counted
 
 
 def test_results_table_right_aligns_numbers_and_keeps_text_whole() -> None:
