@@ -191,3 +191,37 @@ def test_cli_refuses_state_with_redis(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["audit", str(tmp_path), "--state", str(tmp_path / "s"),
                                        "--redis", "redis://127.0.0.1:1"])
     assert result.exit_code == 2 and "--state audits the event log only" in result.output
+
+
+def test_a_segment_pyarrow_cannot_read_exactly_is_read_by_spark(
+        spark: Any, planted: tuple[Path, int, list[Path]], tmp_path: Path) -> None:
+    """A gzipped segment with a line that is not JSON is not parsed on the driver: Spark
+    reads it (dropping that line, as a full audit does), no Parquet copy of it is kept,
+    and the findings still equal a full audit's over the same files."""
+    _, watermark, files = planted
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for path in files:
+        shutil.copy(path, corrupt / path.name)
+    gzipped = [p for p in files if p.name.endswith(".jsonl.gz")]
+    victim = corrupt / gzipped[len(gzipped) // 2].name
+    with gzip.open(victim, "rb") as handle:
+        lines = handle.read().splitlines(keepends=True)
+    with gzip.open(victim, "wb") as handle:
+        handle.writelines([lines[0], b"{not json\n", *lines[1:]])
+    moved = sorted(corrupt.iterdir(), key=lambda p: (_first_ts(p), p.name))
+    out = tmp_path / "full"
+    run_audit(spark, AuditOptions([str(corrupt)], out=str(out), config=CONFIG,
+                                  watermark=watermark, html=False))
+    expected = _found(spark, out)
+
+    def no_copy_of_the_victim(state: Path) -> None:
+        audited = json.loads((state / "state.json").read_text())["files"]
+        readable = [f for f in audited
+                    if f["path"].endswith(".jsonl.gz") and not f["path"].endswith(victim.name)]
+        assert len(os.listdir(state / "copies")) == len(readable)
+
+    (tmp_path / "inc").mkdir()
+    found, _ = _incremental(spark, moved, [len(moved) // 2], watermark, tmp_path / "inc",
+                            no_copy_of_the_victim)
+    assert found == expected
