@@ -53,6 +53,7 @@ from mqguard.sidecar.native_verdicts import (
     MESSAGES,
     OPEN,
     SENDS,
+    STARTED,
     TX,
     UNSUBSCRIBED,
     TxItem,
@@ -74,9 +75,23 @@ if TYPE_CHECKING:
 
     from mqguard.sidecar.server import Sidecar
 
-__all__ = ["BridgedSession", "NativeSessions", "outcome_label"]
+__all__ = ["BridgedSession", "NativeSessionHandle", "NativeSessions", "outcome_label"]
 
 log = logging.getLogger("mqguard.sidecar")
+
+class NativeSessionHandle:
+    """A native session as the sidecar counts it (``Sidecar.sessions``), from its accept
+    to its end, handshake included."""
+
+    __slots__ = ("label", "peer")
+
+    def __init__(self, session_id: int, peer: str) -> None:
+        self.label = f"n{session_id}"
+        self.peer = peer
+
+    def shutdown(self) -> None:
+        """Graceful stop: the runtime ends native sessions when the plane closes."""
+
 
 class BridgedSession:
     """What the guard needs of one native session: its broker, its adapter (the broker
@@ -144,6 +159,7 @@ class NativeSessions:
         self.loop = loop
         self.plane: Plane = Plane(worker_threads)
         self._sessions: dict[int, BridgedSession] = {}
+        self._handles: dict[int, NativeSessionHandle] = {}
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
 
@@ -179,15 +195,14 @@ class NativeSessions:
         for session in list(self._sessions.values()):
             self._ended(session, "shutdown", [], 0)
         self._sessions.clear()
+        for handle in self._handles.values():
+            self.sidecar.sessions.discard(handle)
+        self._handles.clear()
 
     def refresh_metrics(self) -> None:
         """Copy the runtime's frame counts into ``frames_total`` (before a scrape)."""
         for direction, command, frames in self.plane.frame_counts():
             self.metrics.frame_counts(direction)[command].value = float(frames)
-
-    @property
-    def session_count(self) -> int:
-        return len(self._sessions)
 
     # -- events --------------------------------------------------------------------------
 
@@ -210,6 +225,12 @@ class NativeSessions:
 
     def _handle(self, session_id: int, payload: tuple[int, object]) -> list[Verdict]:
         kind, data = payload
+        if kind == STARTED:
+            host, port = cast(tuple[str, int], data)
+            handle = self._handles[session_id] = NativeSessionHandle(session_id,
+                                                                     f"{host}:{port}")
+            self.sidecar.sessions.add(handle)
+            return []
         if kind == OPEN:
             host, port, version, server, broker_leg = cast(
                 tuple[str, int, str, str | None, int], data)
@@ -226,6 +247,9 @@ class NativeSessions:
             if gone is not None:
                 self._ended(gone, outcome, failed, lost)
             self.metrics.connections_total.labels(outcome_label(outcome)).inc()
+            ended = self._handles.pop(session_id, None)
+            if ended is not None:
+                self.sidecar.sessions.discard(ended)
             return []
         found = self._sessions.get(session_id)
         if found is None:

@@ -8,7 +8,7 @@ from typing import Final
 __all__ = [
     "ACKS", "CONFIRMED", "DISCONNECT", "ENDED", "ERROR", "FORWARD", "FORWARD_VERDICT",
     "GUARD", "HOLD", "LEG_RECEIPT", "LOCAL", "LOCAL_VERDICT", "MESSAGES", "OPEN", "RESTORE",
-    "SENDS", "SYNC", "TX", "UNSUBSCRIBED", "TxItem", "Verdict",
+    "SENDS", "STARTED", "SYNC", "TX", "UNSUBSCRIBED", "TxItem", "Verdict",
 ]
 
 #: ``Plane.drain`` event kind of a guard batch.
@@ -26,6 +26,8 @@ ENDED: Final = 8
 TX: Final = 9
 #: Nothing to decide: answered once the batches before it are handled.
 SYNC: Final = 10
+#: Notice: a client was accepted; its session starts.
+STARTED: Final = 11
 # Verdict codes.
 LOCAL: Final = 0
 FORWARD: Final = 1

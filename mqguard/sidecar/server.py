@@ -56,7 +56,7 @@ from mqguard.sidecar.frames import (
 from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.malloctune import fix_mmap_threshold
 from mqguard.sidecar.metrics import Count, SidecarMetrics
-from mqguard.sidecar.native_bridge import NativeSessions
+from mqguard.sidecar.native_bridge import NativeSessionHandle, NativeSessions
 from mqguard.sidecar.native_connection import NativeConnection, NativeTransport
 from mqguard.sidecar.native_plane import DATA_PLANES, NativePlane
 from mqguard.sidecar.session import ProxySession
@@ -159,7 +159,8 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self._owns_guard = guard is None
         self.guard = guard if guard is not None else Guard(config, role="sidecar")
-        self.sessions: set[ProxySession] = set()
+        #: Client sessions open now, on whichever data plane serves them.
+        self.sessions: set[ProxySession | NativeSessionHandle] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._admin: asyncio.Server | None = None
         self._stopping = False
@@ -508,12 +509,6 @@ class Sidecar:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    @property
-    def connection_count(self) -> int:
-        """Client sessions open now, on whichever data plane serves them."""
-        native = self.native_sessions
-        return len(self.sessions) + (native.session_count if native is not None else 0)
-
     def handshake_over(self, session: ProxySession) -> None:
         """``session`` has its CONNECT (or ended without one): no longer a pending handshake."""
         self._handshakes.pop(session, None)
@@ -687,7 +682,7 @@ class Sidecar:
                          "stopping": self._stopping, "upstream_reachable": probe.ok,
                          "upstream_answer": probe.detail,
                          "checked_ms_ago": round((time.monotonic() - probe.at) * 1000),
-                         "connections": self.connection_count, "upstream": self.upstream.where}
+                         "connections": len(self.sessions), "upstream": self.upstream.where}
 
 
 def _refusal(reason: str) -> bytes:

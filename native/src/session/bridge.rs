@@ -62,6 +62,8 @@ pub struct TxItem {
 
 /// What a session asks (or tells) the Python side.
 pub enum GuardBatch {
+    /// Notice: a client was accepted (peer host, port); its session starts.
+    Started(String, u16),
     /// The broker answered CONNECT: peer host and port, version, `server` header, the
     /// broker leg's id (Python's writes to the broker go there). Verdict: the broker kind.
     Open(String, u16, String, Option<String>, u64),
@@ -97,6 +99,7 @@ const UNSUBSCRIBED: u8 = 7;
 const ENDED: u8 = 8;
 const TX: u8 = 9;
 const SYNC: u8 = 10;
+const STARTED: u8 = 11;
 
 /// One verdict: `(code, number, text, data)`; what each means depends on the batch
 /// (see `Code`).
@@ -206,6 +209,7 @@ pub fn batch_into_py<'py>(py: Python<'py>, batch: GuardBatch) -> PyResult<Bound<
         }
         GuardBatch::Disconnect => (DISCONNECT, py.None().into_bound(py)),
         GuardBatch::Sync => (SYNC, py.None().into_bound(py)),
+        GuardBatch::Started(host, port) => (STARTED, (host, port).into_pyobject(py)?.into_any()),
         GuardBatch::Tx(item) => (
             TX,
             (item.seq, item.command, headers_py(py, item.headers)?, PyBytes::new(py, &item.body), item.tokens)

@@ -125,6 +125,7 @@ impl Session {
 
     /// Serve the connection to its end.
     pub async fn run(mut self) {
+        self.bridge.tell(self.id, GuardBatch::Started(self.peer.0.clone(), self.peer.1));
         let outcome = match self.handshake().await {
             Ok(()) => self.relay().await,
             Err(outcome) => outcome,
