@@ -2,11 +2,6 @@
 //! (the same scheme as the STOMP plane: a byte on a socket pair when the queue goes from
 //! drained to pending, one `drain()` call takes everything).
 
-use std::io::Write;
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-
 /// One application message as Python sees it: plain data.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Msg {
@@ -68,35 +63,5 @@ pub enum Event {
 /// Reason code reported for a send or publish whose connection ended before its ack.
 pub const LOST: u8 = 0xFF;
 
-pub struct Events {
-    queue: Mutex<Vec<Event>>,
-    pending: AtomicBool,
-    wake: UnixStream,
-}
-
-impl Events {
-    pub fn new(wake: UnixStream) -> Self {
-        Events {
-            queue: Mutex::new(Vec::new()),
-            pending: AtomicBool::new(false),
-            wake,
-        }
-    }
-
-    pub fn push(&self, event: Event) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(event);
-        if !self.pending.swap(true, Ordering::AcqRel) {
-            // Non-blocking: a full pair means a wake-up is already on its way.
-            let _ = (&self.wake).write(&[1]);
-        }
-    }
-
-    /// Everything pushed so far; the flag is cleared first so no event is left unseen.
-    pub fn take(&self) -> Vec<Event> {
-        self.pending.store(false, Ordering::Release);
-        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
+/// The MQTT plane's event queue: the STOMP plane's, carrying MQTT events.
+pub type Events = crate::transport::events::Events<Event>;

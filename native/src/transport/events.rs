@@ -38,13 +38,14 @@ pub enum Event {
     Released(u64),
 }
 
-pub struct Events {
-    queue: Mutex<Vec<Event>>,
+/// The queue of one plane's events (`E`: this plane's event type) and its wake-up pair.
+pub struct Events<E = Event> {
+    queue: Mutex<Vec<E>>,
     pending: AtomicBool,
     wake: UnixStream,
 }
 
-impl Events {
+impl<E> Events<E> {
     pub fn new(wake: UnixStream) -> Self {
         Events {
             queue: Mutex::new(Vec::new()),
@@ -53,7 +54,7 @@ impl Events {
         }
     }
 
-    pub fn push(&self, event: Event) {
+    pub fn push(&self, event: E) {
         self.queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -66,7 +67,7 @@ impl Events {
 
     /// Everything pushed so far. The flag is cleared first: an event pushed after this
     /// call's swap writes a new wake-up byte, so none is left unseen.
-    pub fn take(&self) -> Vec<Event> {
+    pub fn take(&self) -> Vec<E> {
         self.pending.store(false, Ordering::Release);
         std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
     }
