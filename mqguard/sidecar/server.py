@@ -33,6 +33,7 @@ from typing import Any
 
 from mqguard.config import MqguardConfig, SidecarConfig
 from mqguard.errors import ConfigError
+from mqguard.loopthread import LoopThread
 from mqguard.pipeline import Guard
 from mqguard.redact import redact_url, split_server_url
 from mqguard.registry import open_adapter
@@ -724,7 +725,7 @@ def _outcome_label(outcome: str) -> str:
 DATA_PLANE_ENV = "MQGUARD_DATA_PLANE"
 
 
-class SidecarThread:
+class SidecarThread(LoopThread[Sidecar]):
     """A sidecar on an event loop of its own thread (tests, benchmarks, the demo)."""
 
     def __init__(self, sidecar: Sidecar, *, event_loop: str = "asyncio",
@@ -734,52 +735,8 @@ class SidecarThread:
         data_plane = data_plane or os.environ.get(DATA_PLANE_ENV) or None
         if data_plane is not None:
             sidecar.use_data_plane(data_plane)
-        self.sidecar = sidecar
-        self._loop = loop_factory(event_loop)()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="mqguard-sidecar", daemon=True)
-
-    def start(self, timeout: float = 30.0) -> SidecarThread:
-        self._thread.start()
-        if not self._started.wait(timeout):
-            raise RuntimeError("sidecar did not start in time")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self.sidecar.start())
-        except BaseException as exc:
-            self._error = exc
-            self._started.set()
-            return
-        self._started.set()
-        self._loop.run_forever()
-        self._loop.close()
-
-    @property
-    def port(self) -> int:
-        return self.sidecar.port
+        super().__init__(sidecar, loop_factory(event_loop)(), "mqguard-sidecar")
 
     @property
     def admin_port(self) -> int:
         return self.sidecar.admin_port
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if not self._thread.is_alive():
-            return
-        future = asyncio.run_coroutine_threadsafe(self.sidecar.stop(), self._loop)
-        try:
-            future.result(timeout)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-
-    def __enter__(self) -> SidecarThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
