@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import ssl
 
 import click
 import orjson
 
+from mqguard.cli.serving import serve_until_signalled
 from mqguard.config import load_config
 from mqguard.errors import MqguardError
 from mqguard.sidecar.eventloop import LOOP_KINDS, loop_factory
@@ -124,19 +124,7 @@ def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, 
         raise click.ClickException(str(exc)) from None
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
-            runner.run(_serve(proxy))
+            runner.run(serve_until_signalled(
+                proxy, "mqguard sidecar", "stopping (draining connections)"))
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None
-
-
-async def _serve(proxy: Sidecar) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await proxy.start()
-    click.echo(f"mqguard sidecar listening on {proxy.listen_on[0]}:{proxy.port}"
-               + (f", admin on port {proxy.admin_port}" if proxy.admin_port else ""), err=True)
-    await stop.wait()
-    click.echo("mqguard sidecar: stopping (draining connections)", err=True)
-    await proxy.stop()

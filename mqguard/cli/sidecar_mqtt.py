@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import click
 
+from mqguard.cli.serving import serve_until_signalled
 from mqguard.config import load_config
 from mqguard.errors import MqguardError
 from mqguard.mqtt_sidecar.server import MqttSidecar, parse_mqtt_upstream
@@ -45,21 +45,9 @@ def run_mqtt_sidecar(*, listen: str, upstream: str, config_path: str | None,
         raise click.ClickException(str(exc)) from None
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
-            runner.run(_serve(proxy))
+            runner.run(serve_until_signalled(
+                proxy, "mqguard sidecar (mqtt)", "stopping"))
     except OSError as exc:
         raise click.ClickException(f"cannot listen: {exc}") from None
     except ValueError as exc:  # the plane refused its settings (a TLS file, say)
         raise click.ClickException(str(exc)) from None
-
-
-async def _serve(proxy: MqttSidecar) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await proxy.start()
-    click.echo(f"mqguard sidecar (mqtt) listening on {proxy.listen_on[0]}:{proxy.port}"
-               + (f", admin on port {proxy.admin_port}" if proxy.admin_port else ""), err=True)
-    await stop.wait()
-    click.echo("mqguard sidecar: stopping", err=True)
-    await proxy.stop()
