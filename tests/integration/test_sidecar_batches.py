@@ -73,6 +73,8 @@ class Wire:
         """Read until ``done(frames so far)`` or the connection closes; the frames."""
         deadline = time.monotonic() + timeout
         while not done(self.frames) and not self.closed and time.monotonic() < deadline:
+            # A read waits no longer than what is left of ``timeout``.
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 chunk = self.sock.recv(65536)
             except TimeoutError:
