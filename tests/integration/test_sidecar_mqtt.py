@@ -13,11 +13,11 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 from mqguard_tests.mqtt_raw import RawMqtt
+from mqguard_tests.mqtt_sidecar import mqtt_sidecar_config, running_mqtt_sidecar, sidecar_events
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from mqguard.config import parse_config
 from mqguard.events import read_events
 from mqguard.mqtt_codec import MqttDecoder, mqtt_ack
 from mqguard.mqtt_sidecar.server import MqttSidecar
@@ -27,35 +27,18 @@ from mqguard.servers import ServerHandle
 pytestmark = pytest.mark.mosquitto
 
 
-def upstream_of(server: ServerHandle) -> tuple[str, int]:
-    url = server.urls["mqtt"]
-    host, _, port = url.split("://", 1)[1].rpartition(":")
-    return host, int(port)
-
-
-def sidecar_config(tmp_path: Path, **address: Any) -> Any:
-    return parse_config({
-        "mqguard": {"node-id": "mqtt-sidecar-test",
-                    "event-log": {"directory": str(tmp_path / "events"),
-                                  "flush-interval-ms": 20}},
-        "address-settings": {"#": dict(address)},
-    })
-
-
 @pytest.fixture
 def proxy(mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
           request: pytest.FixtureRequest) -> Iterator[MqttSidecarThread]:
-    settings = getattr(request, "param", {})
-    sidecar = MqttSidecar(sidecar_config(tmp_path, **settings),
-                          upstream_of(mqguard_mosquitto_server), admin=("127.0.0.1", 0),
-                          broker="mosquitto")
-    with MqttSidecarThread(sidecar) as running:
+    config = mqtt_sidecar_config(tmp_path, "mqtt-sidecar-test",
+                                 address=getattr(request, "param", {}))
+    with running_mqtt_sidecar(config, mqguard_mosquitto_server, admin=("127.0.0.1", 0),
+                              broker="mosquitto") as running:
         yield running
 
 
 def events(tmp_path: Path, proxy: MqttSidecarThread) -> list[dict[str, Any]]:
-    proxy.sidecar.guard.events.flush()
-    return list(read_events(tmp_path / "events"))
+    return sidecar_events(tmp_path, proxy)
 
 
 class Paho:
@@ -174,7 +157,8 @@ def test_publish_acknowledged_only_after_the_broker(mqguard_unique_name: str,
 
     thread = threading.Thread(target=broker, daemon=True)
     thread.start()
-    sidecar = MqttSidecar(sidecar_config(tmp_path), listener.getsockname()[:2])
+    sidecar = MqttSidecar(mqtt_sidecar_config(tmp_path, "mqtt-sidecar-test"),
+                          listener.getsockname()[:2])
     with MqttSidecarThread(sidecar) as running:
         client = RawMqtt(running.port, mqguard_unique_name)
         client.publish("a/b", b"held", packet_id=4242)

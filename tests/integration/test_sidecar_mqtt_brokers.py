@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 from mqguard_tests.mqtt_raw import RawMqtt
+from mqguard_tests.mqtt_sidecar import mqtt_sidecar_config, running_mqtt_sidecar
 
-from mqguard.config import parse_config
 from mqguard.events import read_events
-from mqguard.mqtt_sidecar.server import MqttSidecar
 from mqguard.mqtt_sidecar.thread import MqttSidecarThread
 
 BROKERS = [
@@ -26,15 +25,10 @@ BROKERS = [
 def proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MqttSidecarThread]:
     kind = request.param
     server = request.getfixturevalue(f"mqguard_{kind}_server")
-    config = parse_config({
-        "mqguard": {"node-id": "mqtt-brokers",
-                    "event-log": {"directory": str(tmp_path / "events"),
-                                  "flush-interval-ms": 20}},
-        "address-settings": {"#": {"duplicate-id-from": "content", "max-delivery-attempts": 2,
-                                   "dead-letter-address": "DLQ.mqtt"}},
-    })
-    sidecar = MqttSidecar(config, ("127.0.0.1", server.port("mqtt")), broker=kind)
-    with MqttSidecarThread(sidecar) as running:
+    config = mqtt_sidecar_config(tmp_path, "mqtt-brokers", address={
+        "duplicate-id-from": "content", "max-delivery-attempts": 2,
+        "dead-letter-address": "DLQ.mqtt"})
+    with running_mqtt_sidecar(config, server, broker=kind) as running:
         yield running
 
 

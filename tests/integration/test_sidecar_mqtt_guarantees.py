@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from mqguard_tests.mqtt_raw import RawMqtt
+from mqguard_tests.mqtt_sidecar import mqtt_sidecar_config, running_mqtt_sidecar, sidecar_events
 
-from mqguard.config import parse_config
 from mqguard.events import read_events
 from mqguard.message import new_message_id
 from mqguard.mqtt_codec import MqttDecoder, mqtt_publish
@@ -29,27 +29,17 @@ from mqguard.servers import ServerHandle
 pytestmark = pytest.mark.mosquitto
 
 
-def sidecar_config(tmp_path: Path, **address: Any) -> Any:
-    return parse_config({
-        "mqguard": {"node-id": "mqtt-guarantees",
-                    "event-log": {"directory": str(tmp_path / "events"),
-                                  "flush-interval-ms": 20}},
-        "address-settings": {"#": dict(address)},
-    })
-
-
 @pytest.fixture
 def proxy(mqguard_mosquitto_server: ServerHandle, tmp_path: Path,
           request: pytest.FixtureRequest) -> Iterator[MqttSidecarThread]:
-    sidecar = MqttSidecar(sidecar_config(tmp_path, **getattr(request, "param", {})),
-                          ("127.0.0.1", mqguard_mosquitto_server.port("mqtt")))
-    with MqttSidecarThread(sidecar) as running:
+    config = mqtt_sidecar_config(tmp_path, "mqtt-guarantees",
+                                 address=getattr(request, "param", {}))
+    with running_mqtt_sidecar(config, mqguard_mosquitto_server) as running:
         yield running
 
 
 def events(tmp_path: Path, proxy: MqttSidecarThread) -> list[dict[str, Any]]:
-    proxy.sidecar.guard.events.flush()
-    return list(read_events(tmp_path / "events"))
+    return sidecar_events(tmp_path, proxy)
 
 
 @pytest.mark.parametrize("proxy", [{"expiry-delay": 60_000}], indirect=True)
@@ -152,7 +142,8 @@ class ScriptedBroker:
 def test_redelivery_of_an_acknowledged_message_is_not_handed_again(
         tmp_path: Path, mqguard_unique_name: str) -> None:
     broker = ScriptedBroker(new_message_id())
-    sidecar = MqttSidecar(sidecar_config(tmp_path), ("127.0.0.1", broker.port))
+    sidecar = MqttSidecar(mqtt_sidecar_config(tmp_path, "mqtt-guarantees"),
+                          ("127.0.0.1", broker.port))
     with MqttSidecarThread(sidecar) as running:
         sub = RawMqtt(running.port, mqguard_unique_name, clean=False)
         first = sub.expect("PUBLISH")

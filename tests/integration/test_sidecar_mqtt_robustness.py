@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from mqguard_tests.mqtt_raw import RawMqtt
+from mqguard_tests.mqtt_sidecar import mqtt_sidecar_config, running_mqtt_sidecar
 
-from mqguard.config import parse_config
 from mqguard.events import read_events
 from mqguard.mqtt_codec import mqtt_connect, mqtt_publish, mqtt_simple, mqtt_subscribe
 from mqguard.mqtt_sidecar.server import MqttSidecar
@@ -33,16 +33,13 @@ def upstream_of(server: ServerHandle) -> tuple[str, int]:
 
 
 def config(tmp_path: Path, **sidecar: Any) -> Any:
-    return parse_config({"mqguard": {"node-id": "mqtt-robustness",
-                                     "event-log": {"directory": str(tmp_path / "events")},
-                                     "sidecar": dict(sidecar)}})
+    return mqtt_sidecar_config(tmp_path, "mqtt-robustness", sidecar=sidecar)
 
 
 @pytest.fixture
 def proxy(mqguard_mosquitto_server: ServerHandle, tmp_path: Path) -> Iterator[MqttSidecarThread]:
-    sidecar = MqttSidecar(config(tmp_path, **{"max-frame-bytes": 4096}),
-                          upstream_of(mqguard_mosquitto_server), admin=("127.0.0.1", 0))
-    with MqttSidecarThread(sidecar) as running:
+    with running_mqtt_sidecar(config(tmp_path, **{"max-frame-bytes": 4096}),
+                              mqguard_mosquitto_server, admin=("127.0.0.1", 0)) as running:
         yield running
 
 
