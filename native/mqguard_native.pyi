@@ -1,6 +1,6 @@
 """Type information of the mqguard_native extension module."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 __version__: str
@@ -8,7 +8,7 @@ __version__: str
 class Plane:
     """The sidecar's native data plane: a tokio runtime owning its sockets."""
 
-    def __init__(self, worker_threads: int = 1) -> None: ...
+    def __init__(self) -> None: ...
     def wake_fd(self) -> int: ...
     def listen(self, hosts: list[str], port: int, refusal: bytes,
                limits: tuple[int, int, int, int], cert: str | None = None,
@@ -21,7 +21,11 @@ class Plane:
                        drain_timeout_ms: int, upstream_tls: bool = False,
                        cert: str | None = None, key: str | None = None,
                        max_tls_handshakes: int = 128,
-                       handshake_timeout_ms: int = 10_000) -> int: ...
+                       handshake_timeout_ms: int = 10_000,
+                       handler: Callable[[int, bool, tuple[int, object]],
+                                         list[tuple[int, int, str, bytes]] | None]
+                       | None = None) -> int: ...
+    def call_soon_threadsafe(self, callback: Callable[[], object]) -> None: ...
     def verdicts(self, batch: int,
                  verdicts: list[tuple[int, int, str, bytes]] | None) -> None: ...
     def release(self, session: int, key: int) -> None: ...

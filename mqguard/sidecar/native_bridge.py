@@ -4,17 +4,21 @@ Each client connection is a session in the extension's tokio runtime
 (``native/src/session``): it parses both legs' frames, keeps subscriptions, ack modes,
 the receipt chain and the held DISCONNECT, and asks the guard only about what carries
 messages, one read at a time: the SENDs of a read, the MESSAGEs of a broker read, the
-ACK/NACKs of a client read. Such a batch arrives here as plain data (a ``GUARD`` event
-of ``Plane.drain``); :class:`NativeSessions` turns it into one
-:meth:`~mqguard.pipeline.Guard.decide_sends`, :meth:`~mqguard.pipeline.Guard.open_deliveries`
-or :meth:`~mqguard.pipeline.Guard.finish_deliveries` call and answers with
-``Plane.verdicts`` (plain data again). The session waits for the answer, so the order
-of each session's frames is kept; other sessions flow meanwhile. The GIL is taken only
-here, on the asyncio loop.
+ACK/NACKs of a client read. Such a batch arrives here as plain data:
+:meth:`NativeSessions.handle_batch` is called by the runtime's thread itself, with the
+GIL taken there, and turns it into one :meth:`~mqguard.pipeline.Guard.decide_sends`,
+:meth:`~mqguard.pipeline.Guard.open_deliveries` or
+:meth:`~mqguard.pipeline.Guard.finish_deliveries` call whose verdicts it returns (plain
+data again). The session applies them before it goes on, so the order of each
+session's frames is kept; no other thread is woken for it.
 
-What the guard's own work writes to the broker (acknowledgements, NACKs, dead-letter
-copies, delayed re-sends) goes through an :class:`~mqguard.sidecar.upstream.UpstreamLeg`
-that writes to the session's broker leg directly; its RECEIPTs come back as notices.
+The sessions' guard state (:class:`BridgedSession`) belongs to the runtime's thread: it
+is that thread that calls the guard, and work the guard does elsewhere (acknowledgements
+and copies written by a leg's job thread) comes back to it through
+``Plane.call_soon_threadsafe``, as it would to an asyncio loop. What the guard writes to
+the broker (acknowledgements, NACKs, dead-letter copies, delayed re-sends) goes through
+an :class:`~mqguard.sidecar.upstream.UpstreamLeg` that writes to the session's broker
+leg directly; its RECEIPTs come back as notices.
 """
 
 from __future__ import annotations
@@ -107,7 +111,8 @@ class BridgedSession:
         plane = owner.plane
         self._plane = plane
         self._broker_leg = broker_leg
-        self.leg = UpstreamLeg(owner.loop, self._write_frame, broker=self.broker,
+        # Created on the runtime's thread (the OPEN batch): the leg's delivery thread.
+        self.leg = UpstreamLeg(plane, self._write_frame, broker=self.broker,
                                version=version,
                                native_expiry=owner.sidecar.config.native_expiry,
                                label=self.label, write_wire=self._write_wire)
@@ -149,15 +154,14 @@ class BridgedSession:
 class NativeSessions:
     """The native-session plane of one sidecar: the runtime, its sessions' guard state."""
 
-    def __init__(self, sidecar: Sidecar, loop: asyncio.AbstractEventLoop, *,
-                 worker_threads: int = 1) -> None:
+    def __init__(self, sidecar: Sidecar, loop: asyncio.AbstractEventLoop) -> None:
         from mqguard_native import Plane
 
         self.sidecar = sidecar
         self.guard = sidecar.guard
         self.metrics = sidecar.metrics
         self.loop = loop
-        self.plane: Plane = Plane(worker_threads)
+        self.plane: Plane = Plane()
         self._sessions: dict[int, BridgedSession] = {}
         self._handles: dict[int, NativeSessionHandle] = {}
         self._fd = self.plane.wake_fd()
@@ -182,7 +186,7 @@ class NativeSessions:
             hosts, port, refusal, limits_tuple(limits), limits_tuple(broker_limits),
             upstream.host, upstream.port, upstream.where, config.connect_timeout_ms,
             config.drain_timeout_ms, upstream.ssl_context is not None, cert, key,
-            max_tls_handshakes, config.connect_timeout_ms)
+            max_tls_handshakes, config.connect_timeout_ms, self.handle_batch)
 
     def close_listeners(self) -> None:
         self.plane.close_listeners()
@@ -205,6 +209,18 @@ class NativeSessions:
             self.metrics.frame_counts(direction)[command].value = float(frames)
 
     # -- events --------------------------------------------------------------------------
+
+    def handle_batch(self, session_id: int, asked: bool, payload: tuple[int, object]
+                     ) -> list[Verdict] | None:
+        """One batch of a native session, on the runtime's thread: its verdicts (None
+        when deciding failed: that session ends with an ERROR)."""
+        try:
+            verdicts = self._handle(session_id, payload)
+        except Exception:
+            log.exception("native session n%d: deciding a batch failed inside the "
+                          "sidecar; closing it", session_id)
+            return None
+        return verdicts if asked else None
 
     def dispatch(self) -> None:
         """Handle every pending event of the runtime (the loop's reader callback)."""
@@ -487,13 +503,14 @@ class NativeSessions:
         """A hold released once the jobs the guard deferred on the broker leg so far have
         run (a delayed re-send, a dead-letter copy), or none if no job can run."""
         key = next(session.holds)
-        plane, loop = self.plane, self.loop
+        plane = self.plane
         release: Callable[[], None] = lambda: plane.release(session.id, key)  # noqa: E731
 
         def marker() -> None:
-            # The loop is gone only when the session is: nothing is left to release.
+            # Behind the job's own writes, which go the same way. The runtime is gone
+            # only when the session is: nothing is left to release.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(release)
+                plane.call_soon_threadsafe(release)
 
         try:
             session.leg.defer(marker)

@@ -50,11 +50,11 @@ def native_available() -> bool:
 class NativePlane:
     """One sidecar's tokio runtime and the legs it serves."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, worker_threads: int = 1) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         from mqguard_native import Plane
 
         self._loop = loop
-        self.plane: Plane = Plane(worker_threads)
+        self.plane: Plane = Plane()
         self._transports: dict[int, NativeTransport] = {}
         self._connecting: dict[int, asyncio.Future[None]] = {}
         #: Called with a new client connection's transport (the sidecar's accept).

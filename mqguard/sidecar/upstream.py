@@ -6,22 +6,22 @@ over the very connection the client's messages came in on (an ACK is only valid
 there, and ActiveMQ's delayed re-send must share a transaction with that ACK).
 :class:`UpstreamLeg` offers exactly that on top of the session's asyncio stream.
 
-Threads: the event loop thread is this adapter's *delivery thread* -- the one
-that reads the broker -- so methods that wait for a RECEIPT refuse to run there
-(the pipeline hands them to :meth:`defer`, which runs them on a job thread of
-the leg's own). ``ack`` and ``nack`` are safe from any thread: off the loop they
-are handed to it.
+Threads: the thread that creates the leg is its *delivery thread* -- the one
+that reads the broker: the event loop's, or a native plane's runtime thread --
+so methods that wait for a RECEIPT refuse to run there (the pipeline hands them
+to :meth:`defer`, which runs them on a job thread of the leg's own). ``ack`` and
+``nack`` are safe from any thread: off the delivery thread they are handed to it
+through its :class:`Scheduler`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Final
+from typing import Final, Protocol
 
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
 from mqguard.errors import AdapterError
@@ -34,6 +34,7 @@ __all__ = [
     "LEG_RECEIPT_PREFIX",
     "LEG_TRANSACTION_PREFIX",
     "RECEIPT_TIMEOUT_S",
+    "Scheduler",
     "UpstreamLeg",
     "ack_headers",
 ]
@@ -48,12 +49,18 @@ LEG_TRANSACTION_PREFIX: Final = "mqguard-tx-"
 RECEIPT_TIMEOUT_S: Final = 30.0
 
 
+class Scheduler(Protocol):
+    """Where the leg's own writes run: an asyncio loop, or a native plane's runtime."""
+
+    def call_soon_threadsafe(self, callback: Callable[[], None], /) -> object: ...
+
+
 class UpstreamLeg:
     """Adapter over one sidecar session's broker connection (see the module docstring)."""
 
     name = "sidecar"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, write: Callable[[Frame], None], *,
+    def __init__(self, loop: Scheduler, write: Callable[[Frame], None], *,
                  broker: str, version: str, native_expiry: bool, label: str,
                  write_wire: Callable[[bytes], None] | None = None) -> None:
         self._loop = loop

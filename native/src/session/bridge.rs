@@ -1,15 +1,21 @@
 //! The one way from a native session to the guard: batches of plain data out, verdicts
 //! of plain data back.
 //!
-//! A session pushes one batch per read (the SENDs of it, the MESSAGEs, the ACK/NACKs)
-//! onto the plane's event queue and awaits its verdicts before it goes on; other
-//! sessions keep flowing meanwhile. On the asyncio loop `Plane.drain` hands the batch
-//! to Python (`mqguard.sidecar.native_bridge`), which calls the guard and answers with
-//! `Plane.verdicts(batch, [...])`. Notices (batch id 0) await nothing.
+//! A session hands over one batch per read (the SENDs of it, the MESSAGEs, the
+//! ACK/NACKs) and applies its verdicts before it goes on. Two ways to reach Python:
+//!
+//! - **In the runtime** (a handler is set, see `Bridge::set_handler`): the session's own
+//!   thread takes the GIL and calls the handler (`mqguard.sidecar.native_bridge`), which
+//!   calls the guard and returns the verdicts. No thread is woken and no queue is
+//!   crossed: a batch costs one GIL acquisition on a thread that already runs.
+//! - **Through the event queue**: the batch is pushed as an event, the asyncio loop takes
+//!   it with `Plane.drain` and answers with `Plane.verdicts(batch, [...])` while the
+//!   session awaits it; other sessions keep flowing meanwhile. Notices (batch id 0)
+//!   await nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -129,16 +135,32 @@ pub struct Bridge {
     events: Arc<Events>,
     waiting: Arc<Mutex<HashMap<u64, oneshot::Sender<Vec<Verdict>>>>>,
     next: Arc<AtomicU64>,
+    /// `handler(session, asked, (kind, payload))`: called in the runtime when set.
+    handler: Arc<OnceLock<Py<PyAny>>>,
 }
 
 impl Bridge {
     pub fn new(events: Arc<Events>) -> Bridge {
-        Bridge { events, waiting: Arc::default(), next: Arc::new(AtomicU64::new(1)) }
+        Bridge {
+            events,
+            waiting: Arc::default(),
+            next: Arc::new(AtomicU64::new(1)),
+            handler: Arc::default(),
+        }
+    }
+
+    /// From now on batches are handed to `handler` on the session's thread; false if
+    /// one was set already.
+    pub fn set_handler(&self, handler: Py<PyAny>) -> bool {
+        self.handler.set(handler).is_ok()
     }
 
     /// Hand `batch` to the guard and wait for its verdicts; None when the Python side
     /// failed (or is gone): the session ends.
     pub async fn ask(&self, session: u64, batch: GuardBatch) -> Option<Vec<Verdict>> {
+        if let Some(handler) = self.handler.get() {
+            return call_handler(handler, session, true, batch);
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
@@ -147,6 +169,10 @@ impl Bridge {
     }
 
     pub fn tell(&self, session: u64, batch: GuardBatch) {
+        if let Some(handler) = self.handler.get() {
+            call_handler(handler, session, false, batch);
+            return;
+        }
         self.events.push(Event::Guard(session, 0, batch));
     }
 
@@ -157,6 +183,36 @@ impl Bridge {
             let _ = waiter.send(verdicts);
         }
     }
+}
+
+/// A verdict as Python gives it (see `Verdict`).
+pub type PyVerdict<'py> = (u8, u64, String, Bound<'py, PyBytes>);
+
+/// Python's verdicts as the session applies them.
+pub fn verdicts_from_py(list: Vec<PyVerdict<'_>>) -> Vec<Verdict> {
+    list.into_iter()
+        .map(|(code, number, text, data)| (code, number, text, data.as_bytes().to_vec()))
+        .collect()
+}
+
+/// One batch through `handler`, on this thread with the GIL; None when it raised (or
+/// answered what is not a list of verdicts), after the error is printed.
+fn call_handler(handler: &Py<PyAny>, session: u64, asked: bool, batch: GuardBatch) -> Option<Vec<Verdict>> {
+    Python::attach(|py| {
+        let answer = batch_into_py(py, batch)
+            .and_then(|payload| handler.call1(py, (session, asked, payload)))
+            .and_then(|answer| {
+                if answer.is_none(py) {
+                    Ok(None)
+                } else {
+                    answer.extract::<Vec<PyVerdict<'_>>>(py).map(|list| Some(verdicts_from_py(list)))
+                }
+            });
+        answer.unwrap_or_else(|error| {
+            error.print(py);
+            None
+        })
+    })
 }
 
 fn headers_py<'py>(py: Python<'py>, headers: Headers) -> PyResult<Bound<'py, PyList>> {

@@ -10,6 +10,6 @@ pub mod subs;
 pub mod tally;
 pub mod wire;
 
-pub use bridge::{batch_into_py, Bridge, GuardBatch, Verdict};
+pub use bridge::{batch_into_py, verdicts_from_py, Bridge, GuardBatch, PyVerdict, Verdict};
 pub use run::{Connecting, Host, Session, SessionConfig};
 pub use tally::FrameTally;

@@ -326,6 +326,11 @@ impl Session {
             if self.confirmed.len() + self.acks.len() >= CONFIRM_BATCH {
                 self.tell_confirmed();
             }
+            if self.ending && self.client_over.is_some() && self.chain.is_empty() {
+                // The session's ERROR is written, behind every receipt owed before it:
+                // nothing is left to wait for.
+                break;
+            }
         }
         self.tell_confirmed();
         if let Some(outcome) = self.client_over.clone() {

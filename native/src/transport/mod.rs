@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod driver;
 pub(crate) mod events;
 pub(crate) mod leg;
 mod plane;

@@ -1,8 +1,9 @@
 //! `Plane`: the tokio runtime of one sidecar, its listeners and legs, seen from Python.
 //!
-//! Every method is called on the asyncio loop's thread with the GIL held and returns
-//! without waiting for I/O: it hands a command to a leg's task or spawns one. What
-//! happens on the sockets comes back as events (see `events`), taken by `drain`.
+//! Every method is called with the GIL held (on the asyncio loop's thread, or on the
+//! runtime's own by a native session's batch handler) and returns without waiting for
+//! I/O: it hands a command to a leg's task or spawns one. What happens on the sockets
+//! comes back as events (see `events`), taken by `drain`.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -17,16 +18,16 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use super::driver::Driver;
 use super::events::{Event, Events};
 use super::leg::{self, Io, Shared, PY, STOP};
 use super::tls;
-use crate::session::{self, Bridge, Host, Session, SessionConfig};
+use crate::session::{self, Bridge, Host, PyVerdict, Session, SessionConfig};
 use crate::stomp::{self, Decoder, Limits, Version};
 
 /// How a leg decodes what it reads: (max_frame_bytes, max_header_count,
@@ -61,9 +62,6 @@ impl Decoding {
         Ok(decoder)
     }
 }
-
-/// A verdict as Python gives it (see `session::bridge::Verdict`).
-type PyVerdict<'py> = (u8, u64, String, Bound<'py, pyo3::types::PyBytes>);
 
 /// Event kinds, as `drain` returns them (first item of each tuple).
 const ITEMS: u8 = 0;
@@ -197,28 +195,36 @@ impl Host for SessionHost {
 /// The sidecar's native data plane: a tokio runtime owning its sockets.
 #[pyclass(module = "mqguard_native", frozen)]
 pub struct Plane {
-    runtime: Mutex<Option<Runtime>>,
+    runtime: Mutex<Option<Driver>>,
     inner: Arc<Inner>,
     wake_read: UnixStream,
     listeners: Mutex<Vec<JoinHandle<()>>>,
     gates: Mutex<Vec<Arc<Semaphore>>>,
+    /// Callables to run on the runtime's thread, in the order given.
+    calls: mpsc::UnboundedSender<Py<PyAny>>,
 }
 
 #[pymethods]
 impl Plane {
     #[new]
-    #[pyo3(signature = (worker_threads = 1))]
-    fn new(worker_threads: usize) -> PyResult<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(worker_threads.clamp(1, 16))
-            .thread_name("mqguard-native")
-            .enable_all()
-            .build()
+    fn new() -> PyResult<Self> {
+        let runtime = Driver::start("mqguard-native")
             .map_err(|e| PyRuntimeError::new_err(format!("tokio runtime: {e}")))?;
         let (wake_read, wake_write) = UnixStream::pair()?;
         wake_read.set_nonblocking(true)?;
         wake_write.set_nonblocking(true)?;
         let events = Arc::new(Events::new(wake_write));
+        let (calls, mut queued) = mpsc::unbounded_channel::<Py<PyAny>>();
+        runtime.handle().spawn(async move {
+            while let Some(call) = queued.recv().await {
+                Python::attach(|py| {
+                    if let Err(error) = call.call0(py) {
+                        error.print(py);
+                    }
+                    drop(call);
+                });
+            }
+        });
         Ok(Plane {
             runtime: Mutex::new(Some(runtime)),
             inner: Arc::new(Inner {
@@ -232,7 +238,17 @@ impl Plane {
             wake_read,
             listeners: Mutex::new(Vec::new()),
             gates: Mutex::new(Vec::new()),
+            calls,
         })
+    }
+
+    /// Run `callback()` on the runtime's thread, after the callables given before it:
+    /// the native sessions' counterpart of the asyncio loop's method of the same name
+    /// (their guard state belongs to that thread when `serve_sessions` got a handler).
+    fn call_soon_threadsafe(&self, callback: Py<PyAny>) -> PyResult<()> {
+        self.calls
+            .send(callback)
+            .map_err(|_| PyRuntimeError::new_err("the native data plane is shut down"))
     }
 
     /// The descriptor the asyncio loop watches: readable when events are pending.
@@ -262,10 +278,12 @@ impl Plane {
     }
 
     /// Listen as `listen` does, each client served by a native session of its own
-    /// (handshake, receipts, subscriptions...), the guard called per batch through
-    /// `GUARD` events answered by `verdicts`. `broker_limits`: how the broker's frames
-    /// are decoded; `upstream_where`: the broker's address for error texts.
-    #[pyo3(signature = (hosts, port, refusal, limits, broker_limits, upstream_host, upstream_port, upstream_where, connect_timeout_ms, drain_timeout_ms, upstream_tls = false, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000))]
+    /// (handshake, receipts, subscriptions...), the guard called per batch: by
+    /// `handler(session, asked, (kind, payload))` on the runtime's thread, which returns
+    /// the verdicts (None: deciding failed), or without a handler through `GUARD` events
+    /// answered by `verdicts`. `broker_limits`: how the broker's frames are decoded;
+    /// `upstream_where`: the broker's address for error texts.
+    #[pyo3(signature = (hosts, port, refusal, limits, broker_limits, upstream_host, upstream_port, upstream_where, connect_timeout_ms, drain_timeout_ms, upstream_tls = false, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000, handler = None))]
     #[allow(clippy::too_many_arguments)]
     fn serve_sessions(
         &self,
@@ -284,7 +302,13 @@ impl Plane {
         key: Option<String>,
         max_tls_handshakes: usize,
         handshake_timeout_ms: u64,
+        handler: Option<Py<PyAny>>,
     ) -> PyResult<u16> {
+        if let Some(handler) = handler {
+            if !self.inner.bridge.set_handler(handler) {
+                return Err(PyRuntimeError::new_err("this plane's batch handler is set already"));
+            }
+        }
         let tls_config = if upstream_tls {
             let config = self.inner.upstream_tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
             Some(config.ok_or_else(|| PyRuntimeError::new_err("upstream TLS not configured"))?)
@@ -312,12 +336,7 @@ impl Plane {
     /// Python's verdicts on guard batch `batch` (None: deciding failed, the session
     /// ends with an ERROR): `(code, number, text, data)` each (see `session::bridge`).
     fn verdicts(&self, batch: u64, verdicts: Option<Vec<PyVerdict<'_>>>) {
-        let verdicts = verdicts.map(|list| {
-            list.into_iter()
-                .map(|(code, number, text, data)| (code, number, text, data.as_bytes().to_vec()))
-                .collect()
-        });
-        self.inner.bridge.answer(batch, verdicts);
+        self.inner.bridge.answer(batch, verdicts.map(session::verdicts_from_py));
     }
 
     /// Frames the native sessions relayed: `(direction, command, frames)`.
@@ -624,7 +643,7 @@ impl Plane {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(runtime) = runtime {
-            py.detach(|| runtime.shutdown_timeout(Duration::from_millis(timeout_ms)));
+            py.detach(|| runtime.shutdown(Duration::from_millis(timeout_ms)));
         }
         self.inner
             .legs
