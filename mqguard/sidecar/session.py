@@ -109,6 +109,12 @@ class _Transaction:
 
 #: connect() errors meaning the process (or system) has no descriptor left.
 _OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE})
+#: A broker heart-beat goes on to the client unless one went less than this long ago
+#: (seconds). EOLs bunched together say nothing more than one, and a client that reads two
+#: of them in one go right before a frame can take them for that frame's start: stomp.py
+#: then drops the frame (RabbitMQ's EOL after a frame's NUL often arrives in a read of
+#: its own and is passed on as a heart-beat, so two in a row are common).
+_HEARTBEAT_GAP_S: Final = 0.1
 
 
 def _no_receipt(receipt_id: str) -> None:
@@ -162,6 +168,8 @@ class ProxySession:
         self._shutting_down = False
         #: The sidecar has given (or queued) its ERROR: nothing else may follow it.
         self._ending = False
+        #: When the last broker heart-beat went to the client (_HEARTBEAT_GAP_S).
+        self._heartbeat_sent = float("-inf")
         #: The sidecar ended the handshake to make room for a newer one (see evict).
         self._evicted = False
         #: How each side's relaying ended (an outcome for metrics), set while relaying.
@@ -602,7 +610,9 @@ class ProxySession:
             item = items[index]
             index += 1
             if item is HEARTBEAT:
-                if not self._ending:
+                now = time.monotonic()
+                if not self._ending and now - self._heartbeat_sent >= _HEARTBEAT_GAP_S:
+                    self._heartbeat_sent = now
                     self._write_client_bytes(b"\n")
                 continue
             if type(item) is Oversized:

@@ -234,3 +234,4 @@ def test_transaction_with_a_duplicate_is_refused_at_commit(
     wait_for(lambda: consumer.messages, 10, "the seed")
     time.sleep(0.5)
     assert consumer.bodies() == ["seed"]  # nothing of the transaction was sent
+

@@ -29,6 +29,12 @@ const FRAMING_SEND_HEADERS: [&str; 4] = ["destination", "receipt", "transaction"
 const CONFIRM_DELAY: Duration = Duration::from_millis(1);
 /// ... or once this many are waiting.
 const CONFIRM_BATCH: usize = 256;
+/// A broker heart-beat goes on to the client unless one went less than this long ago.
+/// EOLs bunched together say nothing more than one, and a client that reads two of them
+/// in one go right before a frame can take them for that frame's start: stomp.py then
+/// drops the frame (RabbitMQ's EOL after a frame's NUL often arrives in a read of its
+/// own and is passed on as a heart-beat, so two in a row are common).
+const HEARTBEAT_GAP: Duration = Duration::from_millis(100);
 
 pub type Connecting = Pin<Box<dyn Future<Output = Result<Arc<Shared>, String>> + Send>>;
 
@@ -81,6 +87,8 @@ pub struct Session {
     told: bool,
     /// ACKs owing the client nothing, told with the next batch or after CONFIRM_DELAY.
     acks: Vec<AckItem>,
+    /// When the last broker heart-beat went to the client (see `relay_heartbeat`).
+    heartbeat_sent: Option<Instant>,
 }
 
 impl Session {
@@ -120,6 +128,7 @@ impl Session {
             to_broker: Vec::new(),
             told: false,
             acks: Vec::new(),
+            heartbeat_sent: None,
         }
     }
 
@@ -477,6 +486,16 @@ impl Session {
 
     fn write_client(&mut self, data: &[u8]) {
         self.to_client.extend_from_slice(data);
+    }
+
+    /// A heart-beat from the broker, unless one went to the client within HEARTBEAT_GAP.
+    fn relay_heartbeat(&mut self) {
+        let now = Instant::now();
+        if self.heartbeat_sent.is_some_and(|at| now.duration_since(at) < HEARTBEAT_GAP) {
+            return;
+        }
+        self.heartbeat_sent = Some(now);
+        self.write_client(b"\n");
     }
 
     fn write_client_frame(&mut self, frame: &RawFrame) {
@@ -899,7 +918,7 @@ impl Session {
             let frame = match item {
                 Item::Heartbeat => {
                     if !self.ending {
-                        self.write_client(b"\n");
+                        self.relay_heartbeat();
                     }
                     continue;
                 }
