@@ -1,11 +1,16 @@
-"""The conformance run's pure parts: seeded generation, the comparison, and the list of
-documented deviations (each a heading of docs/artemis-compat.md)."""
+"""The conformance run's pure parts: seeded generation, the comparison, the list of
+documented deviations (each a heading of docs/artemis-compat.md), and the command's refusal
+of bad input."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from mqguard.cli import main
 from mqguard.conformance.compare import DEVIATIONS, compare
 from mqguard.conformance.generator import MAX_SENDS, generate
 from mqguard.conformance.model import Batch, Moved, Observation, Scenario, SendSpec, Settings
@@ -66,3 +71,15 @@ def test_every_documented_deviation_is_a_heading_of_artemis_compat() -> None:
     assert DEVIATIONS
     for heading in DEVIATIONS:
         assert heading in headings, heading
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--examples", "0"], "0 is not in the range 1<=x<=10000"),
+    (["--paths", "artemis,sidecar-kafka"], "unknown path(s) sidecar-kafka; choose from artemis"),
+    (["--paths", ","], "unknown path(s) (none)"),
+])
+def test_cli_refuses_bad_input_before_starting_anything(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["conformance", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "starting" not in result.output
