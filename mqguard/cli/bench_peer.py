@@ -7,11 +7,14 @@ Registered on the ``bench`` group (``bench.add_command(peer)``); the method is d
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
 from mqguard.cli.table import environment, print_table, write_json
+from mqguard.redact import redact_url
 from mqguard.servers import ServerHandle
 from mqguard.servers.ensure import server_urls
 
@@ -23,6 +26,31 @@ VIAS = ("sidecar", "wrappers")
 _SERVER_FACTS = ("heap", "journal_buffer_timeout_ns")
 
 
+def _stomp_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A given broker URL must be ``stomp://HOST[:PORT]`` (the bench's clients speak plain
+    STOMP); refused here rather than as a connection error later."""
+    if value is None:
+        return None
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme == "stomp" and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number
+        ok = False
+    if not ok:
+        raise click.BadParameter(f"{redact_url(value)}: expected stomp://HOST[:PORT]")
+    return value
+
+
+def _reachable(kind: str, url: str) -> None:
+    """Fail at once, naming the option, when a given broker does not accept connections."""
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname or "", parts.port or 61613), timeout=5).close()
+    except OSError as exc:
+        raise click.ClickException(
+            f"--{kind}-url {redact_url(url)}: cannot connect ({exc.strerror or exc})") from None
+
+
 @click.command("peer")
 @click.option("--broker", "brokers", multiple=True, type=click.Choice(BROKERS),
               help="Broker(s) to put mqguard in front of (repeatable; default: both).")
@@ -30,9 +58,12 @@ _SERVER_FACTS = ("heap", "journal_buffer_timeout_ns")
               help="How mqguard is used: the sidecar, the wrappers (GuardedProducer / "
                    "GuardedConsumer), or direct (no mqguard: the broker alone, duplicates "
                    "delivered). Repeatable; default: sidecar and wrappers.")
-@click.option("--artemis-url", help="stomp:// URL of an Artemis to use instead of a local one.")
-@click.option("--activemq-url", help="stomp:// URL of an ActiveMQ to use instead of a local one.")
-@click.option("--rabbitmq-url", help="stomp:// URL of a RabbitMQ to use instead of a local one.")
+@click.option("--artemis-url", callback=_stomp_url,
+              help="stomp:// URL of an Artemis to use instead of a local one.")
+@click.option("--activemq-url", callback=_stomp_url,
+              help="stomp:// URL of an ActiveMQ to use instead of a local one.")
+@click.option("--rabbitmq-url", callback=_stomp_url,
+              help="stomp:// URL of a RabbitMQ to use instead of a local one.")
 @click.option("--store", type=click.Choice(("memory", "redis")), default="redis",
               show_default=True,
               help="mqguard's store: redis keeps duplicate ids across restarts and processes, "
@@ -80,6 +111,9 @@ def peer(brokers: tuple[str, ...], vias: tuple[str, ...], artemis_url: str | Non
     kinds = ["artemis", *brokers] + (["redis"] if store == "redis" else [])
     given = {"artemis": artemis_url, "activemq": activemq_url, "rabbitmq": rabbitmq_url,
              "redis": redis_url}
+    for kind in ("artemis", *brokers):
+        if given[kind]:
+            _reachable(kind, str(given[kind]))
     load_before = _load_average()
     click.echo(f"starting or reaching: {', '.join(kinds)}", err=True)
     started: dict[str, ServerHandle] = {}
