@@ -22,6 +22,11 @@ def test_generation_is_seeded_and_bounded() -> None:
     first, again, other = generate(15, 3), generate(15, 3), generate(15, 4)
     assert first == again
     assert first != other
+    # --examples N runs N scenarios, all different (hypothesis repeats small ones).
+    for count, seed_value in ((15, 3), (50, 1), (20, 123)):
+        found = generate(count, seed_value)
+        assert len(found) == count
+        assert len({s.describe() for s in found}) == count
     for scenario in first:
         keys = [s.key for b in scenario.batches for s in b.sends]
         assert keys == list(range(1, len(keys) + 1)) and len(keys) <= MAX_SENDS
