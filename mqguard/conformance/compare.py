@@ -79,7 +79,10 @@ def compare(scenario: Scenario, reference: str, ref: Observation, ref_address: s
 
     if obs.strays:
         add("stray-message", "; ".join(obs.strays[:5]))
-    for i, (a, b) in enumerate(zip(ref.batches, obs.batches, strict=False)):
+    for i in range(max(len(ref.batches), len(obs.batches))):
+        # A path that stopped early has no outcome for the batches it never ran.
+        a = ref.batches[i] if i < len(ref.batches) else "not run"
+        b = obs.batches[i] if i < len(obs.batches) else "not run"
         if a != b:
             add("batch-outcome", f"batch {i} ({scenario.batches[i].transaction}): "
                                  f"{reference} {a}, {path} {b}")

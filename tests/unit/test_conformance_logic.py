@@ -70,6 +70,14 @@ def test_compare_finds_counts_order_and_moved_headers() -> None:
     assert diff.deviation is None  # RabbitMQ redelivers at the head, as Artemis does
 
 
+def test_compare_finds_a_batch_a_path_never_ran() -> None:
+    ref = _obs([(1, 1), (1, 2), (2, 1)])
+    short = Observation([], [(1, 1), (1, 2), (2, 1)], [], [])
+    (diff,) = compare(SCENARIO, "artemis", ref, "A", "wrapper-activemq", short, "B")
+    assert diff.kind == "batch-outcome" and diff.deviation is None
+    assert diff.detail == "batch 0 (none): artemis ok, wrapper-activemq not run"
+
+
 def test_every_documented_deviation_is_a_heading_of_artemis_compat() -> None:
     text = (ROOT / "docs" / "artemis-compat.md").read_text()
     headings = set(re.findall(r"^### (.+)$", text, flags=re.M))
