@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from xml.etree import ElementTree
 
 import click
 
 from mqguard.artemis_xml import apply_to_broker_xml, not_rendered, render_broker_xml
-from mqguard.config import load_config
+from mqguard.config import MqguardConfig, load_config
 from mqguard.errors import ConfigError
 from mqguard.plugin_manager import make_plugin_manager
 
@@ -82,17 +83,42 @@ def broker_xml_cmd(path: str | None, output: Path | None, broker_xml: Path | Non
         raise click.ClickException(str(exc)) from None
     skipped = not_rendered(cfg)
     if broker_xml is not None:
-        text = apply_to_broker_xml(broker_xml.read_text(encoding="utf-8"), cfg)
+        text = _applied(broker_xml, cfg)
         tmp = broker_xml.with_name(f".{broker_xml.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(broker_xml)  # a running Artemis must never read half a file
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(broker_xml)  # a running Artemis must never read half a file
+        except OSError as exc:
+            raise click.ClickException(f"{broker_xml}: cannot write: {exc.strerror}") from None
         click.echo(f"{broker_xml}: {len(cfg.address_settings)} address-settings entries "
                    f"from {cfg.source}", err=True)
     elif output is not None:
-        output.write_text(render_broker_xml(cfg), encoding="utf-8")
+        try:
+            output.write_text(render_broker_xml(cfg), encoding="utf-8")
+        except OSError as exc:
+            raise click.ClickException(f"{output}: cannot write: {exc.strerror}") from None
         click.echo(f"{output}: {len(cfg.address_settings)} address-settings entries "
                    f"from {cfg.source}", err=True)
     else:
         click.echo(render_broker_xml(cfg), nl=False)
     if skipped:
         click.echo("not rendered (no Artemis counterpart): " + ", ".join(skipped), err=True)
+
+
+def _applied(broker_xml: Path, cfg: MqguardConfig) -> str:
+    """``broker_xml``'s text with ``cfg`` applied; a file that is not a well-formed
+    broker.xml with a ``<core>`` is refused before anything is written."""
+    try:
+        text = broker_xml.read_text(encoding="utf-8")
+        ElementTree.fromstring(text)
+        applied = apply_to_broker_xml(text, cfg)
+        ElementTree.fromstring(applied)  # never leave the broker a file it cannot parse
+    except ElementTree.ParseError as exc:
+        raise click.ClickException(f"{broker_xml}: not well-formed XML ({exc})") from None
+    except UnicodeDecodeError:
+        raise click.ClickException(f"{broker_xml}: not UTF-8 text") from None
+    except ValueError as exc:
+        raise click.ClickException(f"{broker_xml}: {exc}") from None
+    except OSError as exc:
+        raise click.ClickException(f"{broker_xml}: cannot read: {exc.strerror}") from None
+    return applied

@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from mqguard.artemis_xml import (
@@ -155,3 +156,31 @@ def test_cli_names_the_bad_key(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["config", "broker-xml", str(toml)])
     assert result.exit_code == 1
     assert "max-delivery-attempts" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"not xml", "not well-formed XML (syntax error: line 1, column 0)"),
+    (b'<configuration xmlns="urn:activemq"><x/></configuration>', "broker.xml has no </core>"),
+    (b"\xff\xfe<core/>", "not UTF-8 text"),
+])
+def test_cli_refuses_a_broker_xml_it_cannot_apply_to_and_leaves_it(
+        tmp_path: Path, content: bytes, message: str) -> None:
+    toml = tmp_path / "mqguard.toml"
+    toml.write_text('[address-settings."q"]\nmax-delivery-attempts = 3\n')
+    broker = tmp_path / "broker.xml"
+    broker.write_bytes(content)
+    result = CliRunner().invoke(main, ["config", "broker-xml", str(toml), "--into", str(broker)])
+    assert result.exit_code == 1
+    assert f"{broker}: {message}" in result.output
+    assert broker.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broker.xml", "mqguard.toml"]
+
+
+def test_cli_names_an_output_it_cannot_write(tmp_path: Path) -> None:
+    toml = tmp_path / "mqguard.toml"
+    toml.write_text('[address-settings."q"]\nmax-delivery-attempts = 3\n')
+    out = tmp_path / "missing" / "out.xml"
+    result = CliRunner().invoke(main, ["config", "broker-xml", str(toml), "-o", str(out)])
+    assert result.exit_code == 1
+    assert f"{out}: cannot write: No such file or directory" in result.output
