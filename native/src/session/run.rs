@@ -18,6 +18,9 @@ use crate::stomp::{encode, wire_of, with_plain_header, FrameError, Item, RawFram
 use crate::transport::events::Event;
 use crate::transport::leg::{Shared, STOP};
 
+mod drain;
+mod oversized;
+
 /// Prefix of the receipts the guard's own broker-leg work waits for (Python's
 /// `mqguard.sidecar.upstream.LEG_RECEIPT_PREFIX`).
 const LEG_RECEIPT_PREFIX: &str = "mqguard-i-";
@@ -47,6 +50,8 @@ pub struct SessionConfig {
     pub drain_timeout: Duration,
     /// The broker's address as the logs name it (no credentials).
     pub upstream_where: String,
+    /// The plane's live sessions, told when it closes.
+    pub stopping: Arc<super::Stopping>,
 }
 
 pub struct Session {
@@ -81,6 +86,8 @@ pub struct Session {
     told: bool,
     /// ACKs owing the client nothing, told with the next batch or after CONFIRM_DELAY.
     acks: Vec<AckItem>,
+    /// The client leg reported itself closed.
+    client_closed: bool,
 }
 
 impl Session {
@@ -120,17 +127,26 @@ impl Session {
             to_broker: Vec::new(),
             told: false,
             acks: Vec::new(),
+            client_closed: false,
         }
     }
 
     /// Serve the connection to its end.
     pub async fn run(mut self) {
         self.bridge.tell(self.id, GuardBatch::Started(self.peer.0.clone(), self.peer.1));
-        let outcome = match self.handshake().await {
-            Ok(()) => self.relay().await,
-            Err(outcome) => outcome,
+        let stopping = self.config.stopping.clone();
+        let (_live, stopped) = stopping.enter(self.id, self.tx.clone());
+        let outcome = if stopped {
+            self.send_error(super::STOP_MESSAGE, None, "");
+            "shutdown".into()
+        } else {
+            match self.handshake().await {
+                Ok(()) => self.relay().await,
+                Err(outcome) => outcome,
+            }
         };
         self.finish(outcome).await;
+        self.await_client_closed().await;
     }
 
     // -- handshake -------------------------------------------------------------------
@@ -179,7 +195,14 @@ impl Session {
                     self.truncated_frame();
                     return Err("no-connect".into());
                 }
-                Event::Closed(id, _) if id == self.id => return Err("no-connect".into()),
+                Event::Closed(id, _) if id == self.id => {
+                    self.client_closed = true;
+                    return Err("no-connect".into());
+                }
+                Event::Stop => {
+                    self.send_error(super::STOP_MESSAGE, None, "");
+                    return Err("shutdown".into());
+                }
                 _ => {}
             }
         };
@@ -275,7 +298,9 @@ impl Session {
             return Err("error".into());
         }
         self.client.set_decoding(self.version, false);
-        broker.set_decoding(self.version, false);
+        // From now on one MESSAGE over the broker leg's limits is dead-lettered, not the
+        // end of the session (see `oversized`).
+        broker.set_decoding(self.version, true);
         if let Ok(data) = wire_of(&frame, self.version) {
             self.client.write(&data);
         }
@@ -377,6 +402,7 @@ impl Session {
                 self.client_over = Some(outcome.into());
             }
             Event::Closed(id, _) if id == self.id => {
+                self.client_closed = true;
                 self.client_over.get_or_insert_with(|| "client-lost".into());
             }
             Event::Eof(id) | Event::Closed(id, _) if id == broker_id => {
@@ -388,6 +414,7 @@ impl Session {
                 self.apply(out);
                 self.flush_disconnect();
             }
+            Event::Stop => self.on_stop().await,
             _ => {}
         }
     }
@@ -904,7 +931,10 @@ impl Session {
                     continue;
                 }
                 Item::Oversized(over) => {
-                    return Some(format!("broker sent a malformed frame: {}", over.reason));
+                    if let Some(outcome) = self.on_oversized(over).await {
+                        return Some(outcome);
+                    }
+                    continue;
                 }
                 Item::Frame(frame) => frame,
             };
