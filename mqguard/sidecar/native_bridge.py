@@ -201,7 +201,7 @@ class NativeSessions:
         settle (``timeout``: the drain timeout), tells its client with an ERROR and ends;
         then stop the runtime (sessions still open then are dropped) and stop watching it."""
         # The sessions end on the runtime's thread, which calls the guard meanwhile (the
-        # GIL is given up while waiting); allowed as long as the Python plane's drain.
+        # GIL is given up while waiting); as long as the Python plane waits for its own.
         left = self.plane.stop_sessions(int((timeout + STOP_GRACE) * 1000))
         if left:
             log.warning("%d native session(s) had not ended %.1f s after the sidecar began "
