@@ -6,6 +6,8 @@
 pub mod bridge;
 pub mod chain;
 pub mod run;
+#[cfg(any(test, feature = "script"))]
+pub mod script;
 pub mod stopping;
 pub mod subs;
 pub mod tally;

@@ -377,14 +377,16 @@ impl Session {
                     return;
                 }
                 self.on_client_items(items).await;
+                if self.client_done {
+                    // Whatever followed the client's DISCONNECT (or the session's ERROR)
+                    // in the same read is not read at all.
+                    self.client_over.get_or_insert_with(|| "disconnect".into());
+                }
                 if let Some(error) = error {
                     if !self.client_done {
                         self.protocol_error(&error);
                     }
                     self.client_over.get_or_insert_with(|| "protocol-error".into());
-                }
-                if self.client_done {
-                    self.client_over.get_or_insert_with(|| "disconnect".into());
                 }
             }
             Event::Items(id, items, size, error) if id == broker_id => {
@@ -905,8 +907,9 @@ impl Session {
             return;
         };
         self.disconnect_sent = true;
-        if frame.get("receipt").is_none() {
-            // A receipt of the session's own: the broker's answer ends the drain.
+        if frame.get("receipt").is_none() || self.ending {
+            // A receipt of the session's own: the broker's answer ends the drain. (Once
+            // the session's ERROR is queued, the client is owed no receipt after it.)
             let id = self.chain.expect(None, None);
             set_header(&mut frame, "receipt", &id);
             if let Ok(data) = encode(&frame, self.version) {
