@@ -77,6 +77,8 @@ pub struct Session {
     broker_over: Option<String>,
     pending_disconnect: Option<RawFrame>,
     disconnect_sent: bool,
+    /// The client leg reported itself closed.
+    client_closed: bool,
     /// Events met during the handshake, handled once relaying starts.
     deferred: VecDeque<Event>,
     /// Octets queued for each leg (see `flush`).
@@ -86,8 +88,6 @@ pub struct Session {
     told: bool,
     /// ACKs owing the client nothing, told with the next batch or after CONFIRM_DELAY.
     acks: Vec<AckItem>,
-    /// The client leg reported itself closed.
-    client_closed: bool,
 }
 
 impl Session {
@@ -122,12 +122,12 @@ impl Session {
             broker_over: None,
             pending_disconnect: None,
             disconnect_sent: false,
+            client_closed: false,
             deferred: VecDeque::new(),
             to_client: Vec::new(),
             to_broker: Vec::new(),
             told: false,
             acks: Vec::new(),
-            client_closed: false,
         }
     }
 
