@@ -11,11 +11,12 @@ bash deploy/local/setup.sh
 # Type checks: pyproject's [tool.mypy] names the packages and the modules checked strictly.
 "$python" -m mypy
 # The native crate: its unit tests and proptest properties (the codec's fuzzing that always
-# runs, bounded), then its lints; a 30-second fuzz run of the STOMP decoder too where the
-# nightly toolchain and cargo-fuzz are installed.
+# runs, bounded), then its lints; 30-second fuzz runs of the STOMP decoder and of a session
+# fed arbitrary bytes too where the nightly toolchain and cargo-fuzz are installed.
 (cd native && cargo test --release --quiet && cargo clippy --all-targets --quiet -- -D warnings)
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
     (cd native && cargo +nightly fuzz run decode -- -max_total_time=30 -rss_limit_mb=2048)
+    (cd native && cargo +nightly fuzz run session -- -max_total_time=30 -rss_limit_mb=2048)
 fi
 status=0
 "$python" -m pytest "$@" || status=$?

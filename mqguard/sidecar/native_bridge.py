@@ -40,6 +40,7 @@ from mqguard.pipeline import SendResult, TransactionState
 from mqguard.sidecar.frames import Frame, FrameLimits, encode, send_refusal
 from mqguard.sidecar.guarding import message_of_send
 from mqguard.sidecar.native_connection import limits_tuple
+from mqguard.sidecar.native_oversized import OversizedItem, settle_oversized
 from mqguard.sidecar.native_transactions import BridgedTransaction, TransactionFrames
 from mqguard.sidecar.native_verdicts import (
     ACKS,
@@ -56,6 +57,7 @@ from mqguard.sidecar.native_verdicts import (
     LOCAL_VERDICT,
     MESSAGES,
     OPEN,
+    OVERSIZED,
     SENDS,
     STARTED,
     TX,
@@ -82,6 +84,9 @@ if TYPE_CHECKING:
 __all__ = ["BridgedSession", "NativeSessionHandle", "NativeSessions", "outcome_label"]
 
 log = logging.getLogger("mqguard.sidecar")
+
+#: Seconds the sessions may take to end beyond the drain timeout (the Python plane's too).
+STOP_GRACE = 3.0
 
 class NativeSessionHandle:
     """A native session as the sidecar counts it (``Sidecar.sessions``), from its accept
@@ -192,7 +197,15 @@ class NativeSessions:
         self.plane.close_listeners()
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop the runtime (sessions still open are dropped) and stop watching it."""
+        """Graceful: every session reads no more client frames, lets what is in flight
+        settle (``timeout``: the drain timeout), tells its client with an ERROR and ends;
+        then stop the runtime (sessions still open then are dropped) and stop watching it."""
+        # The sessions end on the runtime's thread, which calls the guard meanwhile (the
+        # GIL is given up while waiting); as long as the Python plane waits for its own.
+        left = self.plane.stop_sessions(int((timeout + STOP_GRACE) * 1000))
+        if left:
+            log.warning("%d native session(s) had not ended %.1f s after the sidecar began "
+                        "to stop; dropped", left, timeout + STOP_GRACE)
         with contextlib.suppress(Exception):
             self.loop.remove_reader(self._fd)
         self.plane.shutdown(int(timeout * 1000))
@@ -290,6 +303,11 @@ class NativeSessions:
             return [self._after_leg_jobs(session)]
         if kind == TX:
             return TransactionFrames(self, session).handle(cast(TxItem, data))
+        if kind == OVERSIZED:
+            settle_oversized(self.guard, session.leg, label=session.label,
+                             version=session.version, broker=session.broker,
+                             item=cast(OversizedItem, data))
+            return [LOCAL_VERDICT]
         if kind == CONFIRMED:
             sent = session.sent
             seqs = cast(list[int], data)

@@ -7,7 +7,8 @@ from typing import Final
 
 __all__ = [
     "ACKS", "CONFIRMED", "DISCONNECT", "ENDED", "ERROR", "FORWARD", "FORWARD_VERDICT",
-    "GUARD", "HOLD", "LEG_RECEIPT", "LOCAL", "LOCAL_VERDICT", "MESSAGES", "OPEN", "RESTORE",
+    "GUARD", "HOLD", "LEG_RECEIPT", "LOCAL", "LOCAL_VERDICT", "MESSAGES", "OPEN", "OVERSIZED",
+    "RESTORE",
     "SENDS", "STARTED", "SYNC", "TX", "UNSUBSCRIBED", "TxItem", "Verdict",
 ]
 
@@ -28,6 +29,8 @@ TX: Final = 9
 SYNC: Final = 10
 #: Notice: a client was accepted; its session starts.
 STARTED: Final = 11
+#: A MESSAGE over the broker leg's limits (see ``mqguard.sidecar.native_oversized``).
+OVERSIZED: Final = 12
 # Verdict codes.
 LOCAL: Final = 0
 FORWARD: Final = 1

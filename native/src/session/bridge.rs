@@ -47,6 +47,24 @@ pub struct MessageItem {
     pub body: Vec<u8>,
 }
 
+/// A MESSAGE over the broker leg's limits (never given to the client): its
+/// subscription's id, destination, quorum flag and ack mode, and its ack token, when it
+/// is a delivery the guard could settle (None: unsubscribed, browsing, or no token);
+/// every header in order, the body (empty when skipped), whether the body was kept, and
+/// why it is over the limits.
+pub struct OversizedItem {
+    pub sub: String,
+    pub destination: String,
+    pub quorum: bool,
+    pub mode: String,
+    pub token: Option<String>,
+    pub headers: Headers,
+    pub body: Vec<u8>,
+    pub body_kept: bool,
+    pub reason: String,
+    pub detail: String,
+}
+
 /// One ACK or NACK: command, the tokens it settles, the client's receipt. A batch of
 /// ACKs without receipts is told (batch id 0), not asked.
 pub struct AckItem {
@@ -88,6 +106,9 @@ pub enum GuardBatch {
     LegReceipt(String),
     /// Notice: an UNSUBSCRIBE handed these unsettled deliveries back to the broker.
     Unsubscribed(Vec<String>),
+    /// A MESSAGE over the broker leg's limits: the guard dead-letters it, or hands it
+    /// back to the broker (verdict: 0, nothing for the client).
+    Oversized(OversizedItem),
     /// Notice: the session ended (outcome), with the SENDs never confirmed and the
     /// number of client receipts that will not come; also for a session that never
     /// opened.
@@ -106,6 +127,7 @@ const ENDED: u8 = 8;
 const TX: u8 = 9;
 const SYNC: u8 = 10;
 const STARTED: u8 = 11;
+const OVERSIZED: u8 = 12;
 
 /// One verdict: `(code, number, text, data)`; what each means depends on the batch
 /// (see `Code`).
@@ -256,6 +278,25 @@ pub fn batch_into_py<'py>(py: Python<'py>, batch: GuardBatch) -> PyResult<Bound<
             }
             (MESSAGES, list.into_any())
         }
+        GuardBatch::Oversized(item) => (
+            OVERSIZED,
+            PyTuple::new(
+                py,
+                [
+                    item.sub.into_pyobject(py)?.into_any(),
+                    item.destination.into_pyobject(py)?.into_any(),
+                    pyo3::types::PyBool::new(py, item.quorum).to_owned().into_any(),
+                    item.mode.into_pyobject(py)?.into_any(),
+                    item.token.into_pyobject(py)?.into_any(),
+                    headers_py(py, item.headers)?.into_any(),
+                    PyBytes::new(py, &item.body).into_any(),
+                    pyo3::types::PyBool::new(py, item.body_kept).to_owned().into_any(),
+                    item.reason.into_pyobject(py)?.into_any(),
+                    item.detail.into_pyobject(py)?.into_any(),
+                ],
+            )?
+            .into_any(),
+        ),
         GuardBatch::Acks(items) => {
             let list = PyList::empty(py);
             for item in items {

@@ -6,10 +6,14 @@
 pub mod bridge;
 pub mod chain;
 pub mod run;
+#[cfg(any(test, feature = "script"))]
+pub mod script;
+pub mod stopping;
 pub mod subs;
 pub mod tally;
 pub mod wire;
 
-pub use bridge::{batch_into_py, verdicts_from_py, Bridge, GuardBatch, PyVerdict, Verdict};
+pub use bridge::{batch_into_py, verdicts_from_py, Bridge, GuardBatch, OversizedItem, PyVerdict, Verdict};
 pub use run::{Connecting, Host, Session, SessionConfig};
+pub use stopping::{Stopping, STOP_MESSAGE};
 pub use tally::FrameTally;

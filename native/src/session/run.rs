@@ -18,6 +18,9 @@ use crate::stomp::{encode, wire_of, with_plain_header, FrameError, Item, RawFram
 use crate::transport::events::Event;
 use crate::transport::leg::{Shared, STOP};
 
+mod drain;
+mod oversized;
+
 /// Prefix of the receipts the guard's own broker-leg work waits for (Python's
 /// `mqguard.sidecar.upstream.LEG_RECEIPT_PREFIX`).
 const LEG_RECEIPT_PREFIX: &str = "mqguard-i-";
@@ -53,6 +56,8 @@ pub struct SessionConfig {
     pub drain_timeout: Duration,
     /// The broker's address as the logs name it (no credentials).
     pub upstream_where: String,
+    /// The plane's live sessions, told when it closes.
+    pub stopping: Arc<super::Stopping>,
 }
 
 pub struct Session {
@@ -78,6 +83,8 @@ pub struct Session {
     broker_over: Option<String>,
     pending_disconnect: Option<RawFrame>,
     disconnect_sent: bool,
+    /// The client leg reported itself closed.
+    client_closed: bool,
     /// Events met during the handshake, handled once relaying starts.
     deferred: VecDeque<Event>,
     /// Octets queued for each leg (see `flush`).
@@ -123,6 +130,7 @@ impl Session {
             broker_over: None,
             pending_disconnect: None,
             disconnect_sent: false,
+            client_closed: false,
             deferred: VecDeque::new(),
             to_client: Vec::new(),
             to_broker: Vec::new(),
@@ -135,11 +143,19 @@ impl Session {
     /// Serve the connection to its end.
     pub async fn run(mut self) {
         self.bridge.tell(self.id, GuardBatch::Started(self.peer.0.clone(), self.peer.1));
-        let outcome = match self.handshake().await {
-            Ok(()) => self.relay().await,
-            Err(outcome) => outcome,
+        let stopping = self.config.stopping.clone();
+        let (_live, stopped) = stopping.enter(self.id, self.tx.clone());
+        let outcome = if stopped {
+            self.send_error(super::STOP_MESSAGE, None, "");
+            "shutdown".into()
+        } else {
+            match self.handshake().await {
+                Ok(()) => self.relay().await,
+                Err(outcome) => outcome,
+            }
         };
         self.finish(outcome).await;
+        self.await_client_closed().await;
     }
 
     // -- handshake -------------------------------------------------------------------
@@ -188,7 +204,14 @@ impl Session {
                     self.truncated_frame();
                     return Err("no-connect".into());
                 }
-                Event::Closed(id, _) if id == self.id => return Err("no-connect".into()),
+                Event::Closed(id, _) if id == self.id => {
+                    self.client_closed = true;
+                    return Err("no-connect".into());
+                }
+                Event::Stop => {
+                    self.send_error(super::STOP_MESSAGE, None, "");
+                    return Err("shutdown".into());
+                }
                 _ => {}
             }
         };
@@ -284,7 +307,9 @@ impl Session {
             return Err("error".into());
         }
         self.client.set_decoding(self.version, false);
-        broker.set_decoding(self.version, false);
+        // From now on one MESSAGE over the broker leg's limits is dead-lettered, not the
+        // end of the session (see `oversized`).
+        broker.set_decoding(self.version, true);
         if let Ok(data) = wire_of(&frame, self.version) {
             self.client.write(&data);
         }
@@ -361,14 +386,16 @@ impl Session {
                     return;
                 }
                 self.on_client_items(items).await;
+                if self.client_done {
+                    // Whatever followed the client's DISCONNECT (or the session's ERROR)
+                    // in the same read is not read at all.
+                    self.client_over.get_or_insert_with(|| "disconnect".into());
+                }
                 if let Some(error) = error {
                     if !self.client_done {
                         self.protocol_error(&error);
                     }
                     self.client_over.get_or_insert_with(|| "protocol-error".into());
-                }
-                if self.client_done {
-                    self.client_over.get_or_insert_with(|| "disconnect".into());
                 }
             }
             Event::Items(id, items, size, error) if id == broker_id => {
@@ -386,6 +413,7 @@ impl Session {
                 self.client_over = Some(outcome.into());
             }
             Event::Closed(id, _) if id == self.id => {
+                self.client_closed = true;
                 self.client_over.get_or_insert_with(|| "client-lost".into());
             }
             Event::Eof(id) | Event::Closed(id, _) if id == broker_id => {
@@ -397,6 +425,7 @@ impl Session {
                 self.apply(out);
                 self.flush_disconnect();
             }
+            Event::Stop => self.on_stop().await,
             _ => {}
         }
     }
@@ -897,8 +926,9 @@ impl Session {
             return;
         };
         self.disconnect_sent = true;
-        if frame.get("receipt").is_none() {
-            // A receipt of the session's own: the broker's answer ends the drain.
+        if frame.get("receipt").is_none() || self.ending {
+            // A receipt of the session's own: the broker's answer ends the drain. (Once
+            // the session's ERROR is queued, the client is owed no receipt after it.)
             let id = self.chain.expect(None, None);
             set_header(&mut frame, "receipt", &id);
             if let Ok(data) = encode(&frame, self.version) {
@@ -923,7 +953,10 @@ impl Session {
                     continue;
                 }
                 Item::Oversized(over) => {
-                    return Some(format!("broker sent a malformed frame: {}", over.reason));
+                    if let Some(outcome) = self.on_oversized(over).await {
+                        return Some(outcome);
+                    }
+                    continue;
                 }
                 Item::Frame(frame) => frame,
             };

@@ -298,6 +298,15 @@ impl Shared {
         self.decoder().buffered()
     }
 
+    /// Decode `data` as if this leg had read it, counted as a read (the session's
+    /// scripted runs feed a leg this way, without a socket).
+    pub fn feed(&self, data: &[u8]) -> (Vec<crate::stomp::Item>, Option<crate::stomp::FrameError>) {
+        let mut items = Vec::new();
+        let result = self.decoder().feed(data, &mut items);
+        self.backlog.fetch_add(data.len(), Ordering::AcqRel);
+        (items, result.err())
+    }
+
     pub fn close(&self) {
         self.end_direct();
         let _ = self.tx.send(Cmd::Close);

@@ -83,6 +83,8 @@ struct Inner {
     bridge: Bridge,
     /// Frames the native sessions relayed.
     tally: Arc<session::FrameTally>,
+    /// The native sessions alive, told when the plane closes (see `stop_sessions`).
+    stopping: Arc<session::Stopping>,
 }
 
 impl Inner {
@@ -230,6 +232,7 @@ impl Plane {
             inner: Arc::new(Inner {
                 bridge: Bridge::new(events.clone()),
                 tally: Arc::default(),
+                stopping: Arc::default(),
                 events,
                 legs: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
@@ -327,6 +330,7 @@ impl Plane {
                 connect_timeout: Duration::from_millis(connect_timeout_ms),
                 drain_timeout: Duration::from_millis(drain_timeout_ms),
                 upstream_where,
+                stopping: self.inner.stopping.clone(),
             }),
         });
         let tls = TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms };
@@ -602,7 +606,7 @@ impl Plane {
                     batch.into_pyobject(py)?.into_any(),
                     session::batch_into_py(py, guard)?,
                 ),
-                Event::Released(_) => continue,
+                Event::Released(_) | Event::Stop => continue,
                 Event::Refused(why) => (
                     REFUSED,
                     0,
@@ -630,6 +634,21 @@ impl Plane {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .len()
+    }
+
+    /// Graceful stop of the native sessions: no more clients are accepted, and every
+    /// session reads no more client frames, lets what is in flight settle (within its
+    /// drain-timeout-ms), tells its client with an ERROR and ends. Waits `timeout_ms` at
+    /// most for them to end, without the GIL (they call the guard meanwhile); returns
+    /// how many are still alive.
+    fn stop_sessions(&self, py: Python<'_>, timeout_ms: u64) -> usize {
+        self.close_listeners();
+        let stopping = self.inner.stopping.clone();
+        py.detach(|| {
+            stopping.stop();
+            stopping.wait(Duration::from_millis(timeout_ms));
+        });
+        stopping.live()
     }
 
     /// Stop the runtime: every leg still open is dropped (after `timeout_ms` at most for
