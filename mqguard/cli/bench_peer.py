@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from mqguard.cli.outfile import output_file
 from mqguard.cli.table import environment, print_table, write_json
 from mqguard.redact import redact_url
 from mqguard.servers import ServerHandle
@@ -87,7 +88,7 @@ def _reachable(kind: str, url: str) -> None:
               show_default=True, help="One-at-a-time send/receive exchanges per path and round.")
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=2000, show_default=True,
               help="Untimed messages through every path before the first round.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+@click.option("--json", "json_path", callback=output_file, metavar="FILE",
               help="Write the results as JSON to this file.")
 def peer(brokers: tuple[str, ...], vias: tuple[str, ...], artemis_url: str | None,
          activemq_url: str | None, rabbitmq_url: str | None, store: str,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from mqguard.cli.outfile import output_file
 from mqguard.conformance.model import PATH_NAMES
 from mqguard.servers import ServerHandle, ServerStartError, ServerUnavailable, start
 
@@ -103,7 +104,7 @@ def _progress(total: int) -> Callable[[ScenarioResult], None]:
 @click.option("--paths", "paths_value", default=",".join(PATH_NAMES), show_default=True,
               help="Comma-separated paths; the first one that runs a scenario is the "
                    "reference (Artemis, unless the scenario uses bridge ids).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
+@click.option("--json", "json_path", callback=output_file, metavar="FILE",
               help="Write every scenario, observation and difference to this file.")
 def conformance(examples: int, seed_value: int, paths_value: str,
                 json_path: str | None) -> None:
