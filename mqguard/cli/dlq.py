@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -22,6 +23,7 @@ from mqguard.dlq import (
     Selection,
     attach,
     configured_addresses,
+    is_dead_letter_address,
     open_dlq_adapter,
     parse_duration,
     peek,
@@ -29,9 +31,10 @@ from mqguard.dlq import (
     retry,
     summarize,
 )
-from mqguard.dlq.reader import DEFAULT_IDLE_MS, FIRST_WAIT_FACTOR
+from mqguard.dlq.reader import DEFAULT_IDLE_MS, FIRST_WAIT_FACTOR, is_mqtt
 from mqguard.errors import MqguardError
 from mqguard.events import EventType
+from mqguard.matching import is_wildcard, matches
 from mqguard.pipeline import Guard
 from mqguard.redact import redact_url
 
@@ -41,21 +44,54 @@ __all__ = ["dlq"]
 ACTIVEMQ_DLQ = "ActiveMQ.DLQ"
 
 url_option = click.option(
-    "--url", required=True, help="Broker URL (stomp://..., mqtt://...); credentials are never "
-                                 "printed.")
+    "--url", required=True, metavar="URL",
+    help="Broker URL (stomp://..., mqtt://...); credentials are never printed.")
 config_option = click.option(
-    "-c", "--config", "config_path", type=click.Path(dir_okay=False),
-    help="mqguard.toml (default ./mqguard.toml if present): store (bridge ids), event log, "
-         "and for `list` the dead-letter and expiry addresses.")
+    "-c", "--config", "config_path", type=click.Path(dir_okay=False), metavar="mqguard.toml",
+    help="mqguard.toml (default ./mqguard.toml if present): the dead-letter and expiry "
+         "addresses, the store (bridge ids) and the event log.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 idle_option = click.option(
     "--idle-ms", type=click.IntRange(1, 600_000), default=DEFAULT_IDLE_MS, show_default=True,
+    metavar="MS",
     help="How long to wait for one more message before taking the address as drained "
          f"({FIRST_WAIT_FACTOR}x as long for the first one). ActiveMQ's browse needs none.")
 
 
+any_address_option = click.option(
+    "--any-address", is_flag=True,
+    help="Take ADDRESS even though mqguard.toml does not name it as a dead-letter or expiry "
+         "address (a broker's own dead-letter queue). Reading a queue that does not exist "
+         "creates it (on MQTT: a session that never expires).")
+
+
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
+
+
+def _wanted(address: str, pattern: str | None) -> bool:
+    return pattern is None or address == pattern or (is_wildcard(pattern)
+                                                     and matches(pattern, address))
+
+
+def _known(config: MqguardConfig, address: str, any_address: bool) -> None:
+    """Refuse an address mqguard.toml does not dead-letter to: a typo would otherwise read
+    as an empty address, and create the queue (or an MQTT session for good) on the broker."""
+    if any_address or address == ACTIVEMQ_DLQ or is_dead_letter_address(config, address):
+        return
+    known = ", ".join(configured_addresses(config)) or "none"
+    raise click.UsageError(
+        f"unknown dead-letter address {address!r}: {config.source} names {known} (and "
+        f"ActiveMQ keeps its own in {ACTIVEMQ_DLQ}); check the name and -c, or pass "
+        "--any-address to take a queue it does not name")
+
+
+def _when(ms: int | None) -> str:
+    """Epoch milliseconds as an operator reads them (UTC); JSON keeps the number."""
+    if ms is None:
+        return ""
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @contextlib.contextmanager
@@ -99,10 +135,10 @@ def dlq() -> None:
 @click.argument("pattern", required=False)
 @url_option
 @config_option
-@click.option("-a", "--address", "addresses", multiple=True,
+@click.option("-a", "--address", "addresses", multiple=True, metavar="ADDRESS",
               help="A dead-letter address to look at besides those mqguard.toml names "
                    "(repeatable).")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
+@click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N",
               help="Read at most N messages per address.")
 @idle_option
 @json_option
@@ -119,13 +155,19 @@ def list_cmd(pattern: str | None, url: str, config_path: str | None,
     """
     config = _config(config_path)
     names = configured_addresses(config, addresses, pattern)
+    if ACTIVEMQ_DLQ not in names and _wanted(ACTIVEMQ_DLQ, pattern) and not is_mqtt(url):
+        with _connected(url, ACTIVEMQ_DLQ) as adapter:
+            if adapter.broker == "activemq":
+                names.append(ACTIVEMQ_DLQ)
+    if not names and pattern is not None:
+        known = ", ".join(configured_addresses(config, addresses)) or "none"
+        raise click.ClickException(
+            f"no dead-letter or expiry address matches {pattern!r}: {config.source} and "
+            f"--address name {known}")
     summaries: list[dict[str, Any]] = []
     with Guard(config, role="dlq") as guard:
         for address in names:
             with _connected(url, address) as adapter:
-                if (adapter.broker == "activemq" and pattern is None
-                        and ACTIVEMQ_DLQ not in names):
-                    names.append(ACTIVEMQ_DLQ)
                 # On MQTT the subscription attaches the session too.
                 letters = peek(adapter, address, limit=limit, idle_ms=idle_ms)
             guard.events.emit(EventType.DLQ_INSPECTED, None, address=address,
@@ -135,11 +177,12 @@ def list_cmd(pattern: str | None, url: str, config_path: str | None,
         click.echo(json.dumps({"broker": redact_url(url), "addresses": summaries}, indent=2))
         return
     if not summaries:
-        click.echo("no dead-letter or expiry address: name them in mqguard.toml or with "
-                   "--address")
+        click.echo(f"no dead-letter or expiry address: {config.source} names none; name "
+                   "them there (dead-letter-address, expiry-address) or with --address")
         return
-    print_table("mqguard dlq list", summaries,
-                ["address", "messages", "expired", "oldest", "newest"])
+    rows = [{**s, "oldest": _when(s["oldest"]), "newest": _when(s["newest"])}
+            for s in summaries]
+    print_table("mqguard dlq list", rows, ["address", "messages", "expired", "oldest", "newest"])
     for summary in summaries:
         for title, key in (("original address", "by_original"), ("reason", "by_reason")):
             for name, count in summary[key].items():
@@ -151,17 +194,19 @@ def list_cmd(pattern: str | None, url: str, config_path: str | None,
 @url_option
 @config_option
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Messages shown.")
-@click.option("--preview-bytes", type=click.IntRange(0, 1 << 20),
+              metavar="N", help="Messages shown.")
+@click.option("--preview-bytes", type=click.IntRange(0, 1 << 20), metavar="N",
               default=DEFAULT_PREVIEW_BYTES, show_default=True,
               help="Body bytes shown per message (text, else base64).")
 @idle_option
+@any_address_option
 @json_option
 def show(address: str, url: str, config_path: str | None, limit: int, preview_bytes: int,
-         idle_ms: int, as_json: bool) -> None:
+         idle_ms: int, any_address: bool, as_json: bool) -> None:
     """The dead letters of ADDRESS: original address and queue, delivery count, reason,
     times, headers and a body preview. Nothing is consumed."""
     config = _config(config_path)
+    _known(config, address, any_address)
     with Guard(config, role="dlq") as guard:
         with _connected(url, address) as adapter:
             letters = peek(adapter, address, limit=limit, idle_ms=idle_ms)
@@ -175,7 +220,8 @@ def show(address: str, url: str, config_path: str | None, limit: int, preview_by
         click.echo(f"- {row['message_id']}  from {row['original_address']} "
                    f"(queue {row['original_queue']}, message {row['original_message_id']})")
         click.echo(f"  {row['kind']}: {row['reason']}")
-        click.echo(f"  delivery count {row['delivery_count']}, moved at {row['moved_at']}")
+        click.echo(f"  delivery count {row['delivery_count']}, moved at "
+                   f"{_when(row['moved_at']) or 'unknown'}")
         for key, value in row["headers"].items():
             click.echo(f"  {key}: {value}")
         body = row["body"]
@@ -189,7 +235,7 @@ def show(address: str, url: str, config_path: str | None, limit: int, preview_by
 def _selection(ids: tuple[str, ...], original: str | None, older_than: str | None
                ) -> Selection:
     try:
-        older = None if older_than is None else parse_duration(older_than, name="--older-than")
+        older = None if older_than is None else parse_duration(older_than)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     return Selection.of(ids, original, older)
@@ -199,31 +245,37 @@ def _selection(ids: tuple[str, ...], original: str | None, older_than: str | Non
 @click.argument("address")
 @url_option
 @config_option
-@click.option("--to", "to", help="Send every copy here instead of its _AMQ_ORIG_ADDRESS.")
-@click.option("--original", help="Only dead letters from this original address (or match "
-                                 "key, e.g. orders.#).")
-@click.option("--id", "ids", multiple=True,
+@click.option("--to", "to", metavar="ADDRESS",
+              help="Send every copy here instead of its _AMQ_ORIG_ADDRESS.")
+@click.option("--original", metavar="ADDRESS",
+              help="Only dead letters from this original address (or match key, e.g. "
+                   "orders.#).")
+@click.option("--id", "ids", multiple=True, metavar="ID",
               help="Only this dead letter (its id, its original message id or the broker's "
                    "id; repeatable).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Retry at most N.")
-@click.option("--rate", type=click.FloatRange(min=0.1), default=None,
+@click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Retry at most N.")
+@click.option("--rate", type=click.FloatRange(min=0.1), default=None, metavar="N",
               help="At most N messages a second, so that the fixed consumers are not "
                    "flooded (default: as fast as the broker confirms).")
 @click.option("--batch", type=click.IntRange(1, 1000), default=100, show_default=True,
+              metavar="N",
               help="Dead letters per batch (one broker transaction where there are "
                    "transactions).")
 @click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
 @idle_option
+@any_address_option
 @json_option
 def retry_cmd(address: str, url: str, config_path: str | None, to: str | None,
               original: str | None, ids: tuple[str, ...], limit: int | None,
               rate: float | None, batch: int, dry_run: bool, idle_ms: int,
-              as_json: bool) -> None:
+              any_address: bool, as_json: bool) -> None:
     """Send the dead letters of ADDRESS back to their original address (Artemis
     retryMessages): a copy with a reset delivery count and no expiration, confirmed by the
     broker before the dead letter is acknowledged, with a bridge duplicate id so that an
     interrupted run sends nothing twice when run again."""
     config = _config(config_path)
+    _known(config, address, any_address)
     options = RetryOptions(to=to, selection=_selection(ids, original, None), limit=limit,
                            dry_run=dry_run, batch=batch, rate=rate, idle_ms=idle_ms)
     try:
@@ -241,34 +293,40 @@ def retry_cmd(address: str, url: str, config_path: str | None, to: str | None,
 @click.argument("address")
 @url_option
 @config_option
-@click.option("--older-than", help="Only dead letters moved at least this long ago "
-                                   "(e.g. 10m, 2h, 7d).")
-@click.option("--original", help="Only dead letters from this original address (or match "
-                                 "key).")
-@click.option("--id", "ids", multiple=True, help="Only this dead letter (repeatable).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Purge at most N.")
+@click.option("--older-than", metavar="DURATION",
+              help="Only dead letters moved at least this long ago: a whole number and a "
+                   "unit (ms, s, m, h, d, w), e.g. 10m, 2h, 7d.")
+@click.option("--original", metavar="ADDRESS",
+              help="Only dead letters from this original address (or match key).")
+@click.option("--id", "ids", multiple=True, metavar="ID",
+              help="Only this dead letter (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Purge at most N.")
 @click.option("--dry-run", is_flag=True, help="Say what would be purged; change nothing.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @idle_option
+@any_address_option
 @json_option
 def purge_cmd(address: str, url: str, config_path: str | None, older_than: str | None,
               original: str | None, ids: tuple[str, ...], limit: int | None, dry_run: bool,
-              yes: bool, idle_ms: int, as_json: bool) -> None:
+              yes: bool, idle_ms: int, any_address: bool, as_json: bool) -> None:
     """Delete dead letters of ADDRESS for good. Asks first, unless --yes or --dry-run."""
     selection = _selection(ids, original, older_than)
     config = _config(config_path)
-    if not dry_run and not yes:
-        what = ", ".join(filter(None, [
-            f"older than {older_than}" if older_than else "",
-            f"from {original}" if original else "", f"{len(ids)} id(s)" if ids else "",
-            f"at most {limit}" if limit else ""])) or "every message"
-        click.confirm(f"Delete {what} in {address} at {redact_url(url)}?", abort=True,
-                      err=True)
+    _known(config, address, any_address)
     options = PurgeOptions(selection=selection, limit=limit, dry_run=dry_run, idle_ms=idle_ms)
     try:
-        with Guard(config, role="dlq") as guard, _connected(url, address) as adapter, \
-                _progress("purging", limit, not as_json) as advance:
-            result = purge(guard, adapter, address, options, progress=advance)
+        with Guard(config, role="dlq") as guard, _connected(url, address) as adapter:
+            # Connected first: an unreachable broker is said before anything is asked.
+            if not dry_run and not yes:
+                what = ", ".join(filter(None, [
+                    f"older than {older_than}" if older_than else "",
+                    f"from {original}" if original else "", f"{len(ids)} id(s)" if ids else "",
+                    f"at most {limit}" if limit else ""])) or "every message"
+                click.confirm(f"Delete {what} in {address} at {redact_url(url)}?",
+                              abort=True, err=True)
+            with _progress("purging", limit, not as_json) as advance:
+                result = purge(guard, adapter, address, options, progress=advance)
     except MqguardError as exc:
         raise _fail(exc) from None
     _report("mqguard dlq purge", result.to_json(), as_json,
@@ -278,9 +336,12 @@ def purge_cmd(address: str, url: str, config_path: str | None, older_than: str |
 @dlq.command("attach")
 @click.argument("address")
 @url_option
-def attach_cmd(address: str, url: str) -> None:
+@config_option
+@any_address_option
+def attach_cmd(address: str, url: str, config_path: str | None, any_address: bool) -> None:
     """MQTT: create the persistent session that keeps ADDRESS's dead letters (every dlq
     command does it too). A no-op on STOMP brokers."""
+    _known(_config(config_path), address, any_address)
     with _connected(url, address) as adapter:
         attach(adapter, address)
     click.echo(f"{address}: attached")

@@ -17,10 +17,16 @@ from mqguard.dlq.purge import PurgeOptions, PurgeResult, purge
 from mqguard.dlq.reader import attach, open_dlq_adapter, peek, session_client_id
 from mqguard.dlq.retry import RetryOptions, RetryResult, bridge_id_of, retry, retry_copy
 from mqguard.dlq.selection import Selection
-from mqguard.dlq.summary import AddressSummary, configured_addresses, summarize
+from mqguard.dlq.summary import (
+    AddressSummary,
+    configured_addresses,
+    is_dead_letter_address,
+    summarize,
+)
 
 __all__ = ["DEFAULT_PREVIEW_BYTES", "AddressSummary", "DeadLetter", "PurgeOptions",
            "PurgeResult", "RetryOptions", "RetryResult", "Selection", "attach",
-           "body_preview", "bridge_id_of", "configured_addresses", "open_dlq_adapter",
+           "body_preview", "bridge_id_of", "configured_addresses", "is_dead_letter_address",
+           "open_dlq_adapter",
            "parse_duration", "peek", "purge", "retry", "retry_copy", "session_client_id",
            "summarize"]

@@ -22,9 +22,10 @@ adapters:
 * it carries ``_AMQ_BRIDGE_DUP = dlq:<dead letter id>``, recorded in the target's
   ``BRIDGE.<address>`` duplicate-ID cache once the broker confirmed the copy.
 
-Crash safety (a SIGKILL anywhere): where the broker has transactions (ActiveMQ) each batch
-of copies and the acknowledgements of their dead letters commit together, so a kill leaves
-either both or neither. Elsewhere (RabbitMQ, MQTT) each batch is (1) looked up in the
+Crash safety (a SIGKILL anywhere): where the broker has transactions (ActiveMQ, and
+RabbitMQ, whose STOMP plugin performs a transaction's frames at COMMIT) each batch of
+copies and the acknowledgements of their dead letters commit together, so a kill leaves
+either both or neither. Elsewhere (MQTT) each batch is (1) looked up in the
 bridge cache: a confirmed id means an earlier attempt's copy reached the broker, and the
 dead letter is only acknowledged; (2) the copies are sent and confirmed; (3) their bridge
 ids are recorded, confirmed; (4) the dead letters are acknowledged. A kill before (2)
@@ -74,7 +75,7 @@ log = logging.getLogger("mqguard.dlq")
 RETRY_SUFFIX: Final = "~r"
 #: Prefix of a retried copy's bridge duplicate id.
 BRIDGE_PREFIX: Final = "dlq:"
-#: Dead letters per batch (one transaction on ActiveMQ, one store call elsewhere).
+#: Dead letters per batch (one STOMP transaction, one store call on MQTT).
 DEFAULT_BATCH: Final = 100
 #: ``pending_ms`` of the bridge lookups: only a *confirmed* id proves a copy (see the
 #: redistributor, which reads the same caches the same way).
@@ -179,6 +180,10 @@ def retry(guard: Guard, adapter: Adapter, address: str, options: RetryOptions | 
                             options.rate >= 1 else options.batch))
     transactional = adapter.capabilities.transactions and not options.dry_run
     stable = adapter.capabilities.stable_message_id
+    if not options.dry_run:
+        # The bridge ids go to the store once a batch is sent: an unreachable store must
+        # stop the run before it takes anything, not after a first batch went out.
+        guard.store.ping()
     with consuming(adapter, address, window=options.window) as queue:
         first_s = (FIRST_WAIT_FACTOR * options.idle_ms if options.first_wait_ms is None
                    else options.first_wait_ms) / 1000.0

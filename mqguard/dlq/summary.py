@@ -11,7 +11,8 @@ from mqguard.config import MqguardConfig
 from mqguard.dlq.model import DeadLetter
 from mqguard.matching import is_wildcard, matches
 
-__all__ = ["MAX_GROUPS", "REASON_CHARS", "AddressSummary", "configured_addresses", "summarize"]
+__all__ = ["MAX_GROUPS", "REASON_CHARS", "AddressSummary", "configured_addresses",
+           "is_dead_letter_address", "summarize"]
 
 #: Groups (original addresses, reasons) listed per address; the rest are summed as "other".
 MAX_GROUPS: Final = 20
@@ -75,3 +76,29 @@ def configured_addresses(config: MqguardConfig, extra: Iterable[str] = (),
     if pattern is None:
         return unique
     return [a for a in unique if a == pattern or (is_wildcard(pattern) and matches(pattern, a))]
+
+
+def is_dead_letter_address(config: MqguardConfig, address: str) -> bool:
+    """Whether ``mqguard.toml`` sends dead letters or expired messages to ``address``: one
+    of :func:`configured_addresses`, or the auto-created per-address queue
+    (``<prefix><original><suffix>``) of an address a wildcard match key covers."""
+    if address in configured_addresses(config):
+        return True
+    repository = config.address_settings_repository()
+    for key in repository.match_keys:
+        settings = repository.resolve(key)
+        shapes = []
+        if settings.auto_create_dead_letter_resources:
+            shapes.append((settings.dead_letter_queue_prefix, settings.dead_letter_queue_suffix))
+        if settings.auto_create_expiry_resources:
+            shapes.append((settings.expiry_queue_prefix, settings.expiry_queue_suffix))
+        for prefix, suffix in shapes:
+            if not (address.startswith(prefix) and address.endswith(suffix)
+                    and len(address) > len(prefix) + len(suffix)):
+                continue
+            original = address[len(prefix):len(address) - len(suffix)]
+            resolved = repository.resolve(original)
+            if address in (resolved.dead_letter_target(original),
+                           resolved.expiry_target(original)):
+                return True
+    return False

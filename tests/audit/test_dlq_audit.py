@@ -1,8 +1,8 @@
 """The audit reads ``mqguard dlq retry`` as one message with a second life: the retried
 copy is neither unexpected, nor duplicated, nor over max-delivery-attempts, and must
 reach a fate like any sent message. On real brokers: 20 poison messages dead-lettered,
-the handler fixed, a retry SIGKILLed halfway and run again: every message handled exactly
-once, the dead-letter address empty, the audit clean."""
+the handler fixed, a retry SIGKILLed halfway and ``mqguard dlq retry`` run again: every
+message handled exactly once, the dead-letter address empty, the audit clean."""
 
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ from mqguard_tests.dlq import (
 from mqguard.audit.checks import CheckOptions
 from mqguard.audit.runner import AuditOptions, run_audit
 from mqguard.config import parse_config
-from mqguard.dlq import open_dlq_adapter, retry
 from mqguard.message import now_ms
-from mqguard.pipeline import Guard
 from mqguard.testing.waiting import wait_for
 
 Q, DLA = "orders", "orders.DLA"
@@ -107,13 +105,8 @@ def test_retry_killed_halfway_then_again_handles_each_message_once(
             os.kill(first.pid or 0, signal.SIGKILL)
             first.join(10)
         assert 5 <= len(handled) < POISON, "the kill must land halfway"
-        adapter = open_dlq_adapter(scenario.url, scenario.dla)
-        adapter.connect()
-        try:
-            with Guard(parse_config(scenario.config("dlq-2"))) as guard:
-                second = retry(guard, adapter, scenario.dla).to_json()
-        finally:
-            adapter.close()
+        # Run again as an operator does: `mqguard dlq retry`.
+        second = json.loads(scenario.run("retry", scenario.dla, "--json", node="dlq-2"))
         wait_handled(scenario, bodies)
     assert once_each(handled, bodies) == {}
     assert second["retried"] + second["completed"] >= 1 and second["no_origin"] == 0

@@ -8,9 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from mqguard_tests.dlq import BROKERS, Scenario, broker_url
+from click.testing import CliRunner
+from mqguard_tests.dlq import BROKERS, Scenario, broker_url, write_toml
 
+from mqguard.cli.dlq import dlq
 from mqguard.message import ORIG_ADDRESS_HEADER
+from mqguard.servers.ports import free_ports
 from mqguard.testing.waiting import wait_for
 
 
@@ -40,6 +43,18 @@ def test_list_show_and_filtered_purge(kind: str, request: pytest.FixtureRequest,
     # Reading consumed nothing.
     assert len(scenario.dla_contents()) == 6
 
+    # Without a configured dead-letter address only ActiveMQ has one of its own to list.
+    empty = write_toml(tmp_path / "empty.toml", {"mqguard": {"node-id": "empty"}})
+    result = CliRunner().invoke(dlq, ["list", "--url", scenario.url, "-c", str(empty),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    listed = [a["address"] for a in json.loads(result.stdout)["addresses"]]
+    assert listed == (["ActiveMQ.DLQ"] if kind == "activemq" else [])
+
+    # purge connects, then asks; "n" deletes nothing (the purges below account for all 6).
+    result = scenario.cli("purge", scenario.dla, stdin="n\n")
+    assert result.exit_code == 1 and f"Delete every message in {scenario.dla}" in result.output
+
     # Filters: nothing is older than a day; another original address matches nothing.
     out = json.loads(scenario.run("purge", scenario.dla, "--older-than", "1d", "--yes",
                                   "--json"))
@@ -62,12 +77,15 @@ def test_list_show_and_filtered_purge(kind: str, request: pytest.FixtureRequest,
     assert "dlq_inspected" in kinds
 
 
-def test_purge_refuses_a_bad_duration_and_asks_first(tmp_path: Path) -> None:
-    scenario = Scenario("activemq", "stomp://127.0.0.1:9", "q", tmp_path)
+def test_purge_refuses_a_bad_duration_and_an_unreachable_broker_before_asking(
+        tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    scenario = Scenario("activemq", f"stomp://alice:s3cr3t@127.0.0.1:{port}", "q", tmp_path)
     result = scenario.cli("purge", "q.DLA", "--older-than", "10 parsecs")
     assert result.exit_code == 2 and "--older-than" in result.output and "7d" in result.output
-    result = scenario.cli("purge", "q.DLA", stdin="n\n")
-    assert result.exit_code == 1 and "Delete every message in q.DLA" in result.output
+    result = scenario.cli("purge", "q.DLA", stdin="y\n")
+    assert result.exit_code == 1 and "cannot connect" in result.output
+    assert "Delete" not in result.output and "s3cr3t" not in result.output
 
 
 @pytest.mark.parametrize("kind", BROKERS)
@@ -75,6 +93,18 @@ def test_retry_filters_dry_run_and_to(kind: str, request: pytest.FixtureRequest,
                                       tmp_path: Path, mqguard_unique_name: str) -> None:
     scenario = Scenario(kind, broker_url(kind, request), mqguard_unique_name, tmp_path)
     scenario.dead_letter(4)
+    if kind == "rabbitmq":
+        # An unreachable store stops the retry before it takes anything (a transaction
+        # would otherwise commit a batch before its bridge ids fail to be recorded).
+        (port,) = free_ports(1)
+        config = scenario.config("no-store")
+        config["mqguard"]["store"] = f"redis://:r3dis-pw@127.0.0.1:{port}/0"
+        bad = write_toml(tmp_path / "no-store.toml", config)
+        result = CliRunner().invoke(dlq, ["retry", scenario.dla, "--url", scenario.url,
+                                          "-c", str(bad), "--idle-ms", "200"])
+        assert result.exit_code == 1 and "ping failed" in result.output, result.output
+        assert "r3dis-pw" not in result.output
+        assert len(scenario.dla_contents()) == 4
     out = json.loads(scenario.run("retry", scenario.dla, "--dry-run", "--json"))
     assert (out["retried"], out["dry_run"], out["by_target"]) == (4, True, {scenario.name: 4})
     assert len(scenario.dla_contents()) == 4  # nothing moved

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import base64
+import re
+from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from mqguard.adapter import Delivery
-from mqguard.dlq import DeadLetter, Selection, body_preview, parse_duration, retry_copy
+from mqguard.cli.dlq import dlq
+from mqguard.config import parse_config
+from mqguard.dlq import (
+    DeadLetter,
+    Selection,
+    body_preview,
+    is_dead_letter_address,
+    parse_duration,
+    retry_copy,
+)
 from mqguard.message import (
     ACTUAL_EXPIRY_HEADER,
     BRIDGE_DUPLICATE_ID_HEADER,
@@ -19,6 +32,7 @@ from mqguard.message import (
     ORIG_QUEUE_HEADER,
     Message,
 )
+from mqguard.servers.ports import free_ports
 
 
 @pytest.mark.parametrize(("text", "ms"), [("10m", 600_000), ("2h", 7_200_000),
@@ -99,3 +113,72 @@ def test_activemq_own_dead_letters_name_their_queue() -> None:
     copy = retry_copy(letter, "orders", None)
     assert copy.address == "orders" and copy.message_id and BRIDGE_DUPLICATE_ID_HEADER \
         not in copy.headers
+
+
+def test_dead_letter_addresses_are_those_the_configuration_sends_to() -> None:
+    config = parse_config({"address-settings": {
+        "orders": {"dead-letter-address": "orders.DLA", "expiry-address": "orders.EXP"},
+        "payments.#": {"auto-create-dead-letter-resources": True,
+                       "dead-letter-address": "DLA"}}})
+    for address in ("orders.DLA", "orders.EXP", "DLQ.payments.eu"):
+        assert is_dead_letter_address(config, address), address
+    for address in ("orders", "order.DLA", "DLQ.orders", "DLQ.", "EXP.payments.eu"):
+        assert not is_dead_letter_address(config, address), address
+
+
+def _toml(tmp_path: Path) -> str:
+    path = tmp_path / "mqguard.toml"
+    path.write_text('[address-settings.orders]\ndead-letter-address = "orders.DLA"\n')
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["show", "retry", "purge", "attach"])
+def test_an_unknown_address_is_refused_before_connecting(command: str, tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    result = CliRunner().invoke(dlq, [command, "order.DLA", "--url",
+                                      f"stomp://u:pw-x9@127.0.0.1:{port}", "-c",
+                                      _toml(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "unknown dead-letter address 'order.DLA'" in result.output
+    assert "names orders.DLA" in result.output and "--any-address" in result.output
+    assert "cannot connect" not in result.output and "pw-x9" not in result.output
+    # --any-address takes it: then the (unreachable) broker is what fails.
+    result = CliRunner().invoke(dlq, [command, "order.DLA", "--any-address", "--yes",
+                                      "--url", f"stomp://127.0.0.1:{port}", "-c",
+                                      _toml(tmp_path)] if command == "purge" else
+                                [command, "order.DLA", "--any-address", "--url",
+                                 f"stomp://127.0.0.1:{port}", "-c", _toml(tmp_path)])
+    assert result.exit_code == 1 and "cannot connect" in result.output, result.output
+
+
+def test_a_pattern_matching_no_address_is_an_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(dlq, ["list", "payments.#", "--url", "stomp://127.0.0.1:9",
+                                      "-c", _toml(tmp_path)])
+    assert result.exit_code == 1
+    assert "no dead-letter or expiry address matches 'payments.#'" in result.output
+    assert "orders.DLA" in result.output
+
+
+_SYNOPSIS_OPTION = re.compile(r"\[(-[-\w]+)( [A-Za-z.]+)?(?: \.\.\.)?\]")
+
+
+def test_each_command_s_options_are_its_synopsis_in_docs() -> None:
+    """docs/dlq.md's synopsis and --help name the same options, values named alike."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "dlq.md").read_text()
+    synopsis = page.split("```", 2)[1]
+    usages = re.split(r"^mqguard dlq ", synopsis, flags=re.M)[1:]
+    assert sorted(u.split()[0] for u in usages) == sorted(dlq.commands)
+    for usage in usages:
+        name = usage.split()[0]
+        documented = {m.group(1): (m.group(2) or "").strip() for m in
+                      _SYNOPSIS_OPTION.finditer(usage)}
+        if "--url URL" in usage:
+            documented["--url"] = "URL"
+        actual: dict[str, str] = {}
+        for param in dlq.commands[name].params:
+            if not isinstance(param, click.Option) or param.opts[0] == "--help":
+                continue
+            value = "" if getattr(param, "is_flag", False) else str(param.metavar)
+            shown = next((opt for opt in param.opts if opt in documented), param.opts[0])
+            actual[shown] = value
+        assert documented == actual, name
