@@ -3,6 +3,7 @@ retry (SIGKILLed halfway, then run again, then audited) is in tests/audit/test_d
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from mqguard.testing.waiting import wait_for
 def test_list_show_and_filtered_purge(kind: str, request: pytest.FixtureRequest,
                                       tmp_path: Path, mqguard_unique_name: str) -> None:
     scenario = Scenario(kind, broker_url(kind, request), mqguard_unique_name, tmp_path)
-    bodies = scenario.dead_letter(6)
+    bodies = scenario.dead_letter(6, binary=True)
 
     listing = json.loads(scenario.run("list", "--json"))
     (summary,) = [a for a in listing["addresses"] if a["address"] == scenario.dla]
@@ -38,8 +39,16 @@ def test_list_show_and_filtered_purge(kind: str, request: pytest.FixtureRequest,
         assert row["original_queue"] == scenario.name
         assert row["delivery_count"] == 1
         assert row["moved_at"] > 0
-        assert row["body"]["text"].encode() in bodies
+        body = row["body"]
+        assert (body["text"].encode() in bodies if "text" in body
+                else base64.b64decode(body["base64"]) == bodies[-1][:256])
         assert row["headers"][ORIG_ADDRESS_HEADER] == scenario.name
+    # The binary one: bounded, base64, byte for byte (the order of a read is the broker's).
+    every = json.loads(scenario.run("show", scenario.dla, "--preview-bytes", "100", "--json"))
+    (binary,) = [r["body"] for r in every["messages"] if "base64" in r["body"]]
+    assert (binary["size"], binary["truncated"]) == (1024, True)
+    assert base64.b64decode(binary["base64"]) == bodies[-1][:100]
+    assert {r["body"].get("text", "").encode() for r in every["messages"]} >= set(bodies[:5])
     # Reading consumed nothing.
     assert len(scenario.dla_contents()) == 6
 

@@ -105,8 +105,9 @@ class Scenario:
     def read_events(self) -> list[dict[str, Any]]:
         return list(read_events(self.events))
 
-    def dead_letter(self, count: int = POISON) -> list[bytes]:
-        """``count`` messages sent and dead-lettered by a handler that always fails."""
+    def dead_letter(self, count: int = POISON, *, binary: bool = False) -> list[bytes]:
+        """``count`` messages sent and dead-lettered by a handler that always fails; with
+        ``binary``, the last one's body is 1 KiB of every byte value (not UTF-8)."""
         dla = open_dlq_adapter(self.url, self.dla)
         dla.connect()
         try:
@@ -114,6 +115,8 @@ class Scenario:
         finally:
             dla.close()
         bodies = [f"m-{i}".encode() for i in range(count)]
+        if binary:
+            bodies[-1] = bytes(range(256)) * 4
 
         def poison(message: Message) -> None:
             raise Nack("poison")
