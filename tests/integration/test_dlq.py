@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -148,6 +151,37 @@ def test_retry_filters_dry_run_and_to(kind: str, request: pytest.FixtureRequest,
     assert copy.message_id.endswith("~r") and copy.expiration == 0
     assert copy.body in {f"m-{i}".encode() for i in range(4)}
 
-    out = json.loads(scenario.run("retry", scenario.dla, "--limit", "2", "--json"))
-    assert out["retried"] == 2
+    if kind == "activemq":
+        # As an operator sees it on a terminal: a progress bar on standard error while it
+        # runs (paced, so that it draws), then the summary.
+        code, stdout, terminal = _on_a_terminal(
+            "dlq", "retry", scenario.dla, "--limit", "2", "--rate", "4", "--batch", "1",
+            "--url", scenario.url, "-c", str(scenario.toml("dlq")), "--idle-ms", "200")
+        assert code == 0, stdout + terminal
+        assert "retrying" in terminal and "0/2" in terminal and "2/2" in terminal
+        assert "mqguard dlq retry" in stdout and f"2 -> {scenario.name}" in stdout
+    else:
+        out = json.loads(scenario.run("retry", scenario.dla, "--limit", "2", "--json"))
+        assert out["retried"] == 2
     assert len(scenario.dla_contents()) == 1
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """``mqguard ARGS`` with standard error on a pseudo-terminal: exit code, standard
+    output, and what the terminal got."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "mqguard.cli", *args],
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    seen = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    stdout, _ = proc.communicate(timeout=60)
+    return proc.returncode, stdout, seen.decode(errors="replace")
