@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::prelude::*;
+use pyo3::IntoPyObjectExt;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use tokio::sync::oneshot;
 
@@ -237,6 +238,38 @@ fn call_handler(handler: &Py<PyAny>, session: u64, asked: bool, batch: GuardBatc
     })
 }
 
+/// Where a delivery came in: its subscription, that subscription's destination, whether
+/// its queue is a quorum queue, the client's ack mode.
+struct Delivered {
+    sub: String,
+    destination: String,
+    quorum: bool,
+    mode: String,
+}
+
+/// The fields a MESSAGE item and an oversized one start with, in Python's order:
+/// subscription, destination, quorum, mode, token, headers, body.
+fn delivery_fields<'py, T>(
+    py: Python<'py>,
+    at: Delivered,
+    token: T,
+    headers: Headers,
+    body: &[u8],
+) -> PyResult<Vec<Bound<'py, PyAny>>>
+where
+    T: IntoPyObject<'py>,
+{
+    Ok(vec![
+        at.sub.into_pyobject(py)?.into_any(),
+        at.destination.into_pyobject(py)?.into_any(),
+        pyo3::types::PyBool::new(py, at.quorum).to_owned().into_any(),
+        at.mode.into_pyobject(py)?.into_any(),
+        token.into_bound_py_any(py)?,
+        headers_py(py, headers)?.into_any(),
+        PyBytes::new(py, body).into_any(),
+    ])
+}
+
 fn headers_py<'py>(py: Python<'py>, headers: Headers) -> PyResult<Bound<'py, PyList>> {
     PyList::new(py, headers)
 }
@@ -263,40 +296,32 @@ pub fn batch_into_py<'py>(py: Python<'py>, batch: GuardBatch) -> PyResult<Bound<
         GuardBatch::Messages(items) => {
             let list = PyList::empty(py);
             for item in items {
-                list.append(PyTuple::new(
+                let fields = delivery_fields(
                     py,
-                    [
-                        item.sub.into_pyobject(py)?.into_any(),
-                        item.destination.into_pyobject(py)?.into_any(),
-                        pyo3::types::PyBool::new(py, item.quorum).to_owned().into_any(),
-                        item.mode.into_pyobject(py)?.into_any(),
-                        item.token.into_pyobject(py)?.into_any(),
-                        headers_py(py, item.headers)?.into_any(),
-                        PyBytes::new(py, &item.body).into_any(),
-                    ],
-                )?)?;
+                    Delivered { sub: item.sub, destination: item.destination, quorum: item.quorum, mode: item.mode },
+                    item.token,
+                    item.headers,
+                    &item.body,
+                )?;
+                list.append(PyTuple::new(py, fields)?)?;
             }
             (MESSAGES, list.into_any())
         }
-        GuardBatch::Oversized(item) => (
-            OVERSIZED,
-            PyTuple::new(
+        GuardBatch::Oversized(item) => {
+            let mut fields = delivery_fields(
                 py,
-                [
-                    item.sub.into_pyobject(py)?.into_any(),
-                    item.destination.into_pyobject(py)?.into_any(),
-                    pyo3::types::PyBool::new(py, item.quorum).to_owned().into_any(),
-                    item.mode.into_pyobject(py)?.into_any(),
-                    item.token.into_pyobject(py)?.into_any(),
-                    headers_py(py, item.headers)?.into_any(),
-                    PyBytes::new(py, &item.body).into_any(),
-                    pyo3::types::PyBool::new(py, item.body_kept).to_owned().into_any(),
-                    item.reason.into_pyobject(py)?.into_any(),
-                    item.detail.into_pyobject(py)?.into_any(),
-                ],
-            )?
-            .into_any(),
-        ),
+                Delivered { sub: item.sub, destination: item.destination, quorum: item.quorum, mode: item.mode },
+                item.token,
+                item.headers,
+                &item.body,
+            )?;
+            fields.extend([
+                pyo3::types::PyBool::new(py, item.body_kept).to_owned().into_any(),
+                item.reason.into_pyobject(py)?.into_any(),
+                item.detail.into_pyobject(py)?.into_any(),
+            ]);
+            (OVERSIZED, PyTuple::new(py, fields)?.into_any())
+        }
         GuardBatch::Acks(items) => {
             let list = PyList::empty(py);
             for item in items {
