@@ -86,6 +86,8 @@ def _progress(total: int) -> Callable[[ScenarioResult], None]:
         documented = len(result.differences) - undocumented
         status = "ok" if not result.differences else (
             f"{undocumented} undocumented, {documented} documented difference(s)")
+        if not result.compared:
+            status = "not compared (fewer than two paths ran it)"
         click.echo(f"[{len(seen)}/{total}] scenario {result.index}: {status}"
                    + (f" (reference {result.reference}; skipped: "
                       f"{', '.join(sorted(result.skipped))})" if result.skipped else ""),
@@ -137,8 +139,11 @@ def conformance(examples: int, seed_value: int, paths_value: str,
         raise click.ClickException(f"a server did not start: {exc}") from None
     kinds_found = Counter((d.kind, d.path, d.deviation) for r in results for d in r.differences)
     undocumented = sum(len(r.undocumented) for r in results)
+    alone = sum(1 for r in results if not r.compared)
     click.echo(f"\n{len(results)} scenario(s); "
-               f"{sum(1 for r in results if not r.differences)} without differences")
+               f"{sum(1 for r in results if r.compared and not r.differences)} without "
+               "differences" + (f"; {alone} not compared (fewer than two paths ran them)"
+                                if alone else ""))
     for (kind, path, deviation), count in sorted(kinds_found.items(), key=str):
         label = f"documented: {deviation}" if deviation else "UNDOCUMENTED"
         click.echo(f"  {count:4d} x {kind} on {path} ({label})")

@@ -26,12 +26,17 @@ class ScenarioResult:
     differences: list[Difference] = field(default_factory=list)
 
     @property
+    def compared(self) -> bool:
+        """False when fewer than two paths ran the scenario: nothing was compared."""
+        return len(self.observations) >= 2
+
+    @property
     def undocumented(self) -> list[Difference]:
         return [d for d in self.differences if d.deviation is None]
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "scenario": self.scenario.describe().splitlines(),
-                "reference": self.reference,
+                "reference": self.reference, "compared": self.compared,
                 "observations": {k: v.to_json() for k, v in self.observations.items()},
                 "skipped": self.skipped,
                 "differences": [d.to_json() for d in self.differences]}

@@ -14,6 +14,8 @@ from mqguard.cli import main
 from mqguard.conformance.compare import DEVIATIONS, compare
 from mqguard.conformance.generator import MAX_SENDS, generate
 from mqguard.conformance.model import Batch, Moved, Observation, Scenario, SendSpec, Settings
+from mqguard.conformance.paths import ConformancePath
+from mqguard.conformance.runner import run_scenarios
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,3 +98,18 @@ def test_cli_refuses_bad_input_before_starting_anything(args: list[str], message
     assert result.exit_code == 2
     assert message in result.output
     assert "starting" not in result.output
+
+
+def test_a_scenario_only_one_path_ran_is_not_compared() -> None:
+    # Pure logic: paths that return a fixed observation stand for the real ones.
+    bridged = Scenario(Settings(), (Batch((SendSpec(1, bridge_id="x"),)),))
+    plain = Scenario(Settings(), (Batch((SendSpec(1),)),))
+    seen = _obs([(1, 1)])
+    artemis = ConformancePath("artemis", lambda scenario, address: seen,
+                              refuses_text_bridge_ids=True)
+    sidecar = ConformancePath("sidecar-activemq", lambda scenario, address: seen)
+    alone, both = run_scenarios([bridged, plain], [artemis, sidecar])
+    assert not alone.compared and alone.reference == "sidecar-activemq"
+    assert alone.skipped == {"artemis": "Artemis refuses a text _AMQ_BRIDGE_DUP over STOMP"}
+    assert alone.to_json()["compared"] is False
+    assert both.compared and both.differences == []
