@@ -220,8 +220,9 @@ def show(address: str, url: str, config_path: str | None, limit: int, preview_by
         click.echo(f"- {row['message_id']}  from {row['original_address']} "
                    f"(queue {row['original_queue']}, message {row['original_message_id']})")
         click.echo(f"  {row['kind']}: {row['reason']}")
+        sent = f", original sent at {_when(row['sent_at'])}" if row["sent_at"] else ""
         click.echo(f"  delivery count {row['delivery_count']}, moved at "
-                   f"{_when(row['moved_at']) or 'unknown'}")
+                   f"{_when(row['moved_at']) or 'unknown'}{sent}")
         for key, value in row["headers"].items():
             click.echo(f"  {key}: {value}")
         body = row["body"]

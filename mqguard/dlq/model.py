@@ -89,8 +89,13 @@ class DeadLetter:
     #: Deliveries of the original before it was moved (``mqguard-orig-delivery-count``).
     delivery_count: int | None = None
     #: When it was moved here (epoch ms): the move time, the expiry time, or the broker's
-    #: timestamp of the copy (ActiveMQ), whichever the message carries.
+    #: timestamp of the copy (ActiveMQ), whichever the message carries; None for the dead
+    #: letters ActiveMQ makes itself, which keep the original's timestamp instead.
     moved_at: int | None = None
+    #: When the original was sent (epoch ms), where the dead letter tells: only ActiveMQ's
+    #: own dead letters do (mqguard's copies are sends of their own; the event log's
+    #: ``sent`` event of the original has the time).
+    sent_at: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -107,8 +112,14 @@ class DeadLetter:
         message, raw = delivery.message, delivery.raw_headers
         headers = message.headers
         expiry = _int(headers, ACTUAL_EXPIRY_HEADER)
-        moved_at = _int(headers, MOVED_AT_HEADER) or expiry or _int(raw, "timestamp")
+        moved_at = _int(headers, MOVED_AT_HEADER) or expiry
         broker_origin = _broker_origin(raw)
+        sent_at = None
+        if moved_at is None and broker_origin is not None:
+            # ActiveMQ moved it itself and kept the original's JMSTimestamp: a send time.
+            sent_at = _int(raw, "timestamp")
+        elif moved_at is None:
+            moved_at = _int(raw, "timestamp")
         reason = headers.get(MOVE_REASON_HEADER) or raw.get(_BROKER_REASON)
         if reason is None and raw.get("x-first-death-reason"):
             reason = f"dead-lettered by RabbitMQ ({raw['x-first-death-reason']})"
@@ -121,10 +132,17 @@ class DeadLetter:
             original_message_id=headers.get(ORIG_MESSAGE_ID_HEADER),
             reason=reason, kind="expired" if expiry is not None else "dead-letter",
             delivery_count=_int(headers, ORIG_DELIVERY_COUNT_HEADER), moved_at=moved_at,
-            headers=dict(headers))
+            sent_at=sent_at, headers=dict(headers))
+
+    @property
+    def aged_from(self) -> int | None:
+        """The time its age counts from: the move, else (ActiveMQ's own dead letters) the
+        original's send, which came before the move."""
+        return self.moved_at if self.moved_at is not None else self.sent_at
 
     def age_ms(self, now: int) -> int | None:
-        return None if self.moved_at is None else max(0, now - self.moved_at)
+        since = self.aged_from
+        return None if since is None else max(0, now - since)
 
     def to_json(self, preview_bytes: int = DEFAULT_PREVIEW_BYTES) -> dict[str, Any]:
         message = self.message
@@ -133,6 +151,7 @@ class DeadLetter:
             "original_address": self.original_address, "original_queue": self.original_queue,
             "original_message_id": self.original_message_id, "reason": self.reason,
             "delivery_count": self.delivery_count, "moved_at": self.moved_at,
+            "sent_at": self.sent_at,
             "producer_id": message.producer_id, "seq": message.sequence,
             "duplicate_id": message.duplicate_id,
             "broker_message_id": message.broker_message_id,

@@ -45,7 +45,7 @@ def _top(counter: Counter[str]) -> dict[str, int]:
 
 
 def summarize(address: str, letters: Sequence[DeadLetter]) -> AddressSummary:
-    times = [x.moved_at for x in letters if x.moved_at is not None]
+    times = [t for t in (x.aged_from for x in letters) if t is not None]
     originals = Counter(x.original_address or "(unknown)" for x in letters)
     reasons = Counter((x.reason or "(unknown)")[:REASON_CHARS] for x in letters)
     return AddressSummary(address, len(letters), min(times, default=None),

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -17,6 +19,7 @@ from mqguard_tests.dlq import BROKERS, Scenario, broker_url, write_toml
 
 from mqguard.cli.dlq import dlq
 from mqguard.message import ORIG_ADDRESS_HEADER
+from mqguard.servers import ServerHandle
 from mqguard.servers.ports import free_ports
 from mqguard.testing.waiting import wait_for
 
@@ -164,6 +167,54 @@ def test_retry_filters_dry_run_and_to(kind: str, request: pytest.FixtureRequest,
         out = json.loads(scenario.run("retry", scenario.dla, "--limit", "2", "--json"))
         assert out["retried"] == 2
     assert len(scenario.dla_contents()) == 1
+
+
+@pytest.mark.activemq
+def test_activemq_own_dead_letters_keep_their_send_time_and_go_back_to_their_queue(
+        mqguard_activemq_server: ServerHandle, tmp_path: Path, mqguard_unique_name: str
+        ) -> None:
+    import stomp  # type: ignore[import-untyped]
+
+    url = mqguard_activemq_server.urls["stomp"]
+    scenario = Scenario("activemq", url, mqguard_unique_name, tmp_path)
+    frames: list[Any] = []
+    conn = stomp.Connection12([("127.0.0.1", urlsplit(url).port)], vhost="/")
+    conn.set_listener("c", type("L", (stomp.ConnectionListener,), {
+        "on_message": lambda self, frame: frames.append(frame)})())
+    conn.connect(wait=True)
+    try:
+        # Sent past mqguard and NACKed: ActiveMQ dead-letters it itself (a poison ack).
+        before = int(time.time() * 1000)
+        conn.send(f"/queue/{scenario.name}", "own", headers={"persistent": "true"},
+                  receipt="sent")
+        conn.subscribe(f"/queue/{scenario.name}", id="s", ack="client-individual")
+        wait_for(lambda: frames, 10, "the message")
+        after = int(time.time() * 1000)
+        conn.nack(frames[0].headers["ack"])
+        conn.unsubscribe(id="s")
+        frames.clear()
+
+        def ours() -> list[dict[str, Any]]:
+            shown = json.loads(scenario.run("show", "ActiveMQ.DLQ", "--limit", "10000",
+                                            "--json"))
+            return [r for r in shown["messages"] if r["original_address"] == scenario.name]
+
+        wait_for(ours, 10, "the dead letter in ActiveMQ.DLQ")
+        (row,) = ours()
+        assert row["reason"] == "dead-lettered by ActiveMQ" and row["moved_at"] is None
+        assert before - 5 <= row["sent_at"] <= after + 5  # ActiveMQ kept the send time
+
+        out = json.loads(scenario.run("retry", "ActiveMQ.DLQ", "--original", scenario.name,
+                                      "--json"))
+        assert (out["retried"], out["by_target"]) == (1, {scenario.name: 1})
+        conn.subscribe(f"/queue/{scenario.name}", id="again", ack="client-individual")
+        wait_for(lambda: frames, 10, "the retried copy")
+        assert frames[0].body == "own"
+        assert frames[0].headers[ORIG_ADDRESS_HEADER] == "ActiveMQ.DLQ"
+        conn.ack(frames[0].headers["ack"])
+        assert ours() == []
+    finally:
+        conn.disconnect()
 
 
 def _on_a_terminal(*args: str) -> tuple[int, str, str]:
