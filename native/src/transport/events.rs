@@ -36,6 +36,9 @@ pub enum Event {
     Guard(u64, u64, GuardBatch),
     /// To a native session's task: work it held a receipt for is done (see `Chain::hold`).
     Released(u64),
+    /// To a native session's task: its handshake is ended to make room for a newer one
+    /// (see `admission`); the client's ERROR message.
+    Evicted(String),
 }
 
 /// The queue of one plane's events (`E`: this plane's event type) and its wake-up pair.
