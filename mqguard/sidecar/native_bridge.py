@@ -79,7 +79,8 @@ if TYPE_CHECKING:
 
     from mqguard.sidecar.server import Sidecar
 
-__all__ = ["BridgedSession", "NativeSessionHandle", "NativeSessions", "outcome_label"]
+__all__ = ["BridgedSession", "NativeClient", "NativeSessionHandle", "NativeSessions",
+           "outcome_label"]
 
 log = logging.getLogger("mqguard.sidecar")
 
@@ -88,15 +89,28 @@ log = logging.getLogger("mqguard.sidecar")
 #: left to accept it), "tls", or "upstream-fd" (none left for its broker connection).
 _REFUSED = 6
 
+class NativeClient:
+    """A native session's client connection as the Python side knows it: its peer (the
+    socket and its buffers are the runtime's)."""
+
+    __slots__ = ("__weakref__", "peer")
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+
 class NativeSessionHandle:
     """A native session as the sidecar counts it (``Sidecar.sessions``), from its accept
-    to its end, handshake included."""
+    to its end, handshake included. Weakly referable, as a ProxySession is, so that what
+    an ended session leaves alive can be checked on either plane."""
 
-    __slots__ = ("label", "peer")
+    __slots__ = ("__weakref__", "_client", "label", "peer")
 
     def __init__(self, session_id: int, peer: str) -> None:
         self.label = f"n{session_id}"
         self.peer = peer
+        #: Named as ProxySession's client connection.
+        self._client = NativeClient(peer)
 
     def shutdown(self) -> None:
         """Graceful stop: the runtime ends native sessions when the plane closes."""
