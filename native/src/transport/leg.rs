@@ -154,6 +154,8 @@ pub struct Shared {
     sink: Mutex<Option<UnboundedSender<Event>>>,
     /// A client leg before its first frame: what it may send (see `handshake`).
     handshake: Mutex<Option<HandshakeBudget>>,
+    /// Whether `handshake` holds a budget: the reads of every other leg skip its lock.
+    handshaking: AtomicBool,
 }
 
 impl Shared {
@@ -173,6 +175,7 @@ impl Shared {
             direct: Mutex::new(None),
             sink: Mutex::new(None),
             handshake: Mutex::new(None),
+            handshaking: AtomicBool::new(false),
         })
     }
 
@@ -185,24 +188,30 @@ impl Shared {
     /// and hold reading (`PY`) once that frame is complete.
     pub fn set_handshake(&self, limit: usize) {
         *self.handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(HandshakeBudget::new(limit));
+        self.handshaking.store(true, Ordering::Release);
     }
 
     /// One read against the handshake budget, if the leg has one still: `items` keep
     /// only heart-beats when it is exceeded.
     fn check_handshake(&self, size: usize, items: &mut Vec<Item>) -> Result<(), crate::stomp::FrameError> {
+        if !self.handshaking.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut budget = self.handshake.lock().unwrap_or_else(|e| e.into_inner());
         let Some(check) = budget.as_mut().map(|b| b.check(size, items)) else {
             return Ok(());
         };
+        if check != Check::Pending {
+            *budget = None;
+            self.handshaking.store(false, Ordering::Release);
+        }
         match check {
             Check::Pending => Ok(()),
             Check::Complete => {
-                *budget = None;
                 self.set_pause(PY, true);
                 Ok(())
             }
             Check::Over(error) => {
-                *budget = None;
                 items.retain(|item| matches!(item, Item::Heartbeat));
                 Err(error)
             }
