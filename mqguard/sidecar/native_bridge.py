@@ -81,22 +81,41 @@ if TYPE_CHECKING:
 
     from mqguard.sidecar.server import Sidecar
 
-__all__ = ["BridgedSession", "NativeSessionHandle", "NativeSessions", "outcome_label"]
+__all__ = ["BridgedSession", "NativeClient", "NativeSessionHandle", "NativeSessions",
+           "outcome_label"]
 
 log = logging.getLogger("mqguard.sidecar")
 
 #: Seconds the sessions may take to end beyond the drain timeout (the Python plane's too).
 STOP_GRACE = 3.0
 
+#: ``Plane.drain()``'s event kind of a client the runtime refused itself
+#: (native/src/transport/plane.rs): why is "max" (max-connections), "fd" (no descriptor
+#: left to accept it), "tls", or "upstream-fd" (none left for its broker connection).
+_REFUSED = 6
+
+class NativeClient:
+    """A native session's client connection as the Python side knows it: its peer (the
+    socket and its buffers are the runtime's)."""
+
+    __slots__ = ("__weakref__", "peer")
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+
 class NativeSessionHandle:
     """A native session as the sidecar counts it (``Sidecar.sessions``), from its accept
-    to its end, handshake included."""
+    to its end, handshake included. Weakly referable, as a ProxySession is, so that what
+    an ended session leaves alive can be checked on either plane."""
 
-    __slots__ = ("label", "peer")
+    __slots__ = ("__weakref__", "_client", "label", "peer")
 
     def __init__(self, session_id: int, peer: str) -> None:
         self.label = f"n{session_id}"
         self.peer = peer
+        #: Named as ProxySession's client connection.
+        self._client = NativeClient(peer)
 
     def shutdown(self) -> None:
         """Graceful stop: the runtime ends native sessions when the plane closes."""
@@ -169,6 +188,8 @@ class NativeSessions:
         self.plane: Plane = Plane()
         self._sessions: dict[int, BridgedSession] = {}
         self._handles: dict[int, NativeSessionHandle] = {}
+        #: Protocol errors of the runtime's sessions counted in the metrics so far.
+        self._protocol_errors = 0
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
 
@@ -187,11 +208,20 @@ class NativeSessions:
                 cafile = paths.cafile or paths.openssl_cafile
             self.plane.upstream_tls(cafile, upstream.insecure)
         cert, key = tls_files if tls_files is not None else (None, None)
+        sidecar = self.sidecar
+        if sidecar.max_sessions < config.max_connections:
+            full = (f"too many connections (the sidecar's limit on open files allows "
+                    f"{sidecar.max_sessions}; max-connections = {config.max_connections})")
+        else:
+            full = f"too many connections (max-connections = {sidecar.max_sessions})"
         return self.plane.serve_sessions(
             hosts, port, refusal, limits_tuple(limits), limits_tuple(broker_limits),
             upstream.host, upstream.port, upstream.where, config.connect_timeout_ms,
             config.drain_timeout_ms, upstream.ssl_context is not None, cert, key,
-            max_tls_handshakes, config.connect_timeout_ms, self.handle_batch)
+            max_tls_handshakes, config.connect_timeout_ms, self.handle_batch,
+            max_sessions=sidecar.max_sessions, max_handshakes=sidecar.max_handshakes,
+            handshake_bytes=min(config.max_handshake_frame_bytes, config.max_frame_bytes),
+            full_refusal=encode(Frame("ERROR", [("message", full)]), "1.0"))
 
     def close_listeners(self) -> None:
         self.plane.close_listeners()
@@ -220,6 +250,13 @@ class NativeSessions:
         """Copy the runtime's frame counts into ``frames_total`` (before a scrape)."""
         for direction, command, frames in self.plane.frame_counts():
             self.metrics.frame_counts(direction)[command].value = float(frames)
+        self._count_protocol_errors()
+
+    def _count_protocol_errors(self) -> None:
+        total = self.plane.protocol_errors()
+        if total > self._protocol_errors:
+            self.metrics.protocol_errors.labels("client").inc(total - self._protocol_errors)
+            self._protocol_errors = total
 
     # -- events --------------------------------------------------------------------------
 
@@ -238,6 +275,9 @@ class NativeSessions:
     def dispatch(self) -> None:
         """Handle every pending event of the runtime (the loop's reader callback)."""
         for kind, session_id, batch, payload in self.plane.drain():
+            if kind == _REFUSED:
+                self._refused(str(batch))
+                continue
             if kind != GUARD:
                 continue
             batch_id = cast(int, batch)
@@ -251,6 +291,15 @@ class NativeSessions:
                 continue
             if batch_id:
                 self.plane.verdicts(batch_id, verdicts)
+
+    def _refused(self, why: str) -> None:
+        if why != "upstream-fd":
+            self.sidecar.refused_by_native(why)
+            return
+        # Not the broker's fault: the sidecar's limit on open files is used up.
+        self.metrics.upstream_failures.labels("connect").inc()
+        log.warning("native session: no file descriptor left to connect to the broker "
+                    "(raise the limit on open files or lower max-connections)")
 
     def _handle(self, session_id: int, payload: tuple[int, object]) -> list[Verdict]:
         kind, data = payload
@@ -276,6 +325,7 @@ class NativeSessions:
             if gone is not None:
                 self._ended(gone, outcome, failed, lost)
             self.metrics.connections_total.labels(outcome_label(outcome)).inc()
+            self._count_protocol_errors()
             ended = self._handles.pop(session_id, None)
             if ended is not None:
                 self.sidecar.sessions.discard(ended)

@@ -292,7 +292,7 @@ class Sidecar:
         plane = NativePlane(loop)
         try:
             plane.on_accept = self._accept_native
-            plane.on_refused = self._refused_by_native
+            plane.on_refused = self.refused_by_native
             if self.upstream.ssl_context is not None:
                 plane.upstream_tls(self.upstream.cafile, self.upstream.insecure)
             self.port = plane.listen(
@@ -329,7 +329,8 @@ class Sidecar:
         assert self.native is not None
         self.native.client_transport(transport, self.client_connection(), self.tls)
 
-    def _refused_by_native(self, why: str) -> None:
+    def refused_by_native(self, why: str) -> None:
+        """The native runtime refused a client itself: why ("fd", "tls", "max")."""
         self.metrics.connections_total.labels("refused").inc()
         if why == "fd":
             self._fd_refusals += 1

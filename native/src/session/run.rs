@@ -16,7 +16,7 @@ use super::subs::{Subs, ACK_MODES};
 use super::wire::{error_frame, first_headers, receipt_frame, remove_header, set_header};
 use crate::stomp::{encode, wire_of, with_plain_header, FrameError, Item, RawFrame, Version};
 use crate::transport::events::Event;
-use crate::transport::leg::{Shared, STOP};
+use crate::transport::leg::{Shared, PY, STOP};
 
 mod drain;
 mod oversized;
@@ -38,6 +38,13 @@ const CONFIRM_BATCH: usize = 256;
 /// drops the frame (RabbitMQ's EOL after a frame's NUL often arrives in a read of its
 /// own and is passed on as a heart-beat, so two in a row are common).
 const HEARTBEAT_GAP: Duration = Duration::from_millis(100);
+/// How long a leg's queued octets may take to leave once its session ended; a peer
+/// that reads nothing meanwhile is reset, instead of holding the socket and its
+/// buffers forever (as `FrameConnection.close` does on the asyncio plane).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A `Host::connect` error: no descriptor was left for the broker connection. The
+/// sidecar's limit, not the broker's fault: the client is told so.
+pub const NO_DESCRIPTOR: &str = "too many connections: the sidecar is out of file descriptors; try again later";
 
 pub type Connecting = Pin<Box<dyn Future<Output = Result<Arc<Shared>, String>> + Send>>;
 
@@ -47,6 +54,10 @@ pub trait Host: Send + Sync + 'static {
     fn connect(&self, sink: UnboundedSender<Event>) -> Connecting;
     /// The leg is done with: Python's writes no longer reach it.
     fn forget(&self, leg: u64);
+    /// The session has its first frame: it no longer waits for its CONNECT.
+    fn handshake_over(&self, _session: u64) {}
+    /// The session ended.
+    fn ended(&self, _session: u64) {}
 }
 
 pub struct SessionConfig {
@@ -58,6 +69,8 @@ pub struct SessionConfig {
     pub upstream_where: String,
     /// The plane's live sessions, told when it closes.
     pub stopping: Arc<super::Stopping>,
+    /// Client connections ended by a malformed or over-limit frame, for `/metrics`.
+    pub protocol_errors: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub struct Session {
@@ -180,6 +193,9 @@ impl Session {
                         Item::Frame(frame) => Some(frame),
                         _ => None,
                     });
+                    if first.is_some() {
+                        self.host.handshake_over(self.id);
+                    }
                     match first {
                         Some(frame) => {
                             let rest: Vec<Item> = items.collect();
@@ -212,11 +228,19 @@ impl Session {
                     self.send_error(super::STOP_MESSAGE, None, "");
                     return Err("shutdown".into());
                 }
+                Event::Evicted(reason) => {
+                    self.send_error(&reason, None, "");
+                    return Err("no-connect".into());
+                }
                 _ => {}
             }
         };
         let broker = match timeout_at(deadline, self.host.connect(self.tx.clone())).await {
             Ok(Ok(broker)) => broker,
+            Ok(Err(text)) if text == NO_DESCRIPTOR => {
+                self.send_error(NO_DESCRIPTOR, None, "");
+                return Err("broker-refused".into());
+            }
             Ok(Err(text)) => {
                 let detail = format!("{}: {text}", self.config.upstream_where);
                 self.send_error("broker unreachable", None, &detail);
@@ -313,6 +337,8 @@ impl Session {
         if let Ok(data) = wire_of(&frame, self.version) {
             self.client.write(&data);
         }
+        // Held since its CONNECT was complete (see `transport::handshake`).
+        self.client.set_pause(PY, false);
         Ok(())
     }
 
@@ -497,11 +523,12 @@ impl Session {
         self.flush();
         self.tell_confirmed();
         // Told also of a session that never opened: its outcome is counted.
+        self.host.ended(self.id);
         self.bridge.tell(self.id, GuardBatch::Ended(outcome, failed.sends, failed.lost_receipts));
-        self.client.close();
+        close_or_reset(&self.client);
         self.host.forget(self.id);
         if let Some(broker) = &self.broker {
-            broker.close();
+            close_or_reset(broker);
             self.host.forget(broker.id);
         }
     }
@@ -586,6 +613,7 @@ impl Session {
     }
 
     fn protocol_error(&mut self, error: &FrameError) {
+        self.count_protocol_error();
         let detail: String = error.to_string().chars().take(500).collect();
         self.send_error(error.reason, None, &detail);
     }
@@ -595,8 +623,16 @@ impl Session {
         if self.client.buffered() == 0 {
             return false;
         }
+        self.count_protocol_error();
         self.send_error("incomplete frame: the connection ended in the middle of a frame", None, "");
         true
+    }
+
+    /// Once per connection, as the ERROR it gets.
+    fn count_protocol_error(&self) {
+        if !self.ending {
+            self.config.protocol_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     // -- client frames ---------------------------------------------------------------
@@ -1092,6 +1128,20 @@ impl Session {
             }
         }
     }
+}
+
+/// Close `leg` after what is queued for it was written; reset it (SO_LINGER 0) if its
+/// peer has not taken that within CLOSE_TIMEOUT. Only a weak reference waits: the leg's
+/// buffers go as soon as it has closed.
+fn close_or_reset(leg: &Arc<Shared>) {
+    leg.close();
+    let leg = Arc::downgrade(leg);
+    tokio::spawn(async move {
+        tokio::time::sleep(CLOSE_TIMEOUT).await;
+        if let Some(leg) = leg.upgrade() {
+            leg.end_now(true);
+        }
+    });
 }
 
 /// A SEND decided in a batch: outside a transaction, with a destination.

@@ -312,6 +312,7 @@ async fn drive(script: &Script) -> Result<Outcome, Broken> {
         drain_timeout: DRAIN_TIMEOUT,
         upstream_where: "127.0.0.1:61613".into(),
         stopping: stopping.clone(),
+        protocol_errors: Arc::default(),
     });
     let client_limits = if script.tight {
         Limits { max_frame_bytes: 300, max_header_count: 6, max_header_line_bytes: 60 }

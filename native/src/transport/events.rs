@@ -39,6 +39,9 @@ pub enum Event {
     /// To a native session's task: the plane is closing; drain and end (see
     /// `session::stopping`).
     Stop,
+    /// To a native session's task: its handshake is ended to make room for a newer one
+    /// (see `admission`); the client's ERROR message.
+    Evicted(String),
 }
 
 /// The queue of one plane's events (`E`: this plane's event type) and its wake-up pair.

@@ -24,7 +24,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::Notify;
 
 use super::events::{Event, Events};
-use crate::stomp::{Decoder, Version};
+use super::handshake::{Check, HandshakeBudget};
+use crate::stomp::{Decoder, Item, Version};
 
 pub const PY: u8 = 1;
 pub const PEER: u8 = 2;
@@ -151,6 +152,10 @@ pub struct Shared {
     /// A leg served by a native session: its reads go to the session's task, not to
     /// Python's event queue.
     sink: Mutex<Option<UnboundedSender<Event>>>,
+    /// A client leg before its first frame: what it may send (see `handshake`).
+    handshake: Mutex<Option<HandshakeBudget>>,
+    /// Whether `handshake` holds a budget: the reads of every other leg skip its lock.
+    handshaking: AtomicBool,
 }
 
 impl Shared {
@@ -169,12 +174,48 @@ impl Shared {
             decoder: Mutex::new(decoder),
             direct: Mutex::new(None),
             sink: Mutex::new(None),
+            handshake: Mutex::new(None),
+            handshaking: AtomicBool::new(false),
         })
     }
 
     /// Hand this leg's reads, end of stream and closing to `sink` from now on.
     pub fn set_sink(&self, sink: UnboundedSender<Event>) {
         *self.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// Bound what the peer sends up to the end of its first frame to `limit` octets,
+    /// and hold reading (`PY`) once that frame is complete.
+    pub fn set_handshake(&self, limit: usize) {
+        *self.handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(HandshakeBudget::new(limit));
+        self.handshaking.store(true, Ordering::Release);
+    }
+
+    /// One read against the handshake budget, if the leg has one still: `items` keep
+    /// only heart-beats when it is exceeded.
+    fn check_handshake(&self, size: usize, items: &mut Vec<Item>) -> Result<(), crate::stomp::FrameError> {
+        if !self.handshaking.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut budget = self.handshake.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(check) = budget.as_mut().map(|b| b.check(size, items)) else {
+            return Ok(());
+        };
+        if check != Check::Pending {
+            *budget = None;
+            self.handshaking.store(false, Ordering::Release);
+        }
+        match check {
+            Check::Pending => Ok(()),
+            Check::Complete => {
+                self.set_pause(PY, true);
+                Ok(())
+            }
+            Check::Over(error) => {
+                items.retain(|item| matches!(item, Item::Heartbeat));
+                Err(error)
+            }
+        }
     }
 
     /// The session task serving this leg, if one does.
@@ -343,7 +384,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
             let _ = socket.set_tcp_quickack(true);
         }
         let mut items = Vec::new();
-        let result = shared.decoder().feed(&buf[..size], &mut items);
+        let mut result = shared.decoder().feed(&buf[..size], &mut items);
+        if result.is_ok() {
+            result = shared.check_handshake(size, &mut items);
+        }
         // What Python has not taken yet: the decoded frames, about the octets read
         // (an incomplete frame stays in the decoder, bounded by its limits).
         if shared.backlog.fetch_add(size, Ordering::AcqRel) + size > BACKLOG_LIMIT {

@@ -4,8 +4,10 @@
 
 use pyo3::prelude::*;
 
+pub(crate) mod admission;
 mod driver;
 pub(crate) mod events;
+pub(crate) mod handshake;
 pub(crate) mod leg;
 mod plane;
 pub(crate) mod tls;

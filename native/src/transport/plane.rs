@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use super::admission::{Admission, Admit};
 use super::driver::Driver;
 use super::events::{Event, Events};
 use super::leg::{self, Io, Shared, PY, STOP};
@@ -85,6 +86,8 @@ struct Inner {
     tally: Arc<session::FrameTally>,
     /// The native sessions alive, told when the plane closes (see `stop_sessions`).
     stopping: Arc<session::Stopping>,
+    /// Client connections of native sessions ended by a protocol error.
+    protocol_errors: Arc<AtomicU64>,
 }
 
 impl Inner {
@@ -162,6 +165,13 @@ struct SessionSetup {
     tls: Option<Arc<ClientConfig>>,
     decoding: Decoding,
     config: Arc<SessionConfig>,
+    /// Sessions and pending handshakes (see `admission`); an evicted one is told
+    /// through its task's channel.
+    admission: Admission<mpsc::UnboundedSender<Event>>,
+    /// What a client may send before its CONNECT is complete (0: no bound).
+    handshake_bytes: usize,
+    /// The ERROR frame a client over `max_sessions` gets.
+    full_refusal: Vec<u8>,
 }
 
 /// A session's way to the plane: the broker leg it opens, the legs it drops.
@@ -176,9 +186,14 @@ impl Host for SessionHost {
         let setup = self.setup.clone();
         Box::pin(async move {
             let decoder = setup.decoding.decoder().map_err(|e| e.to_string())?;
-            let upstream = open_upstream(&setup.host, setup.port, setup.tls.clone())
-                .await
-                .map_err(|(_, text, _)| text)?;
+            let upstream = match open_upstream(&setup.host, setup.port, setup.tls.clone()).await {
+                Ok(upstream) => upstream,
+                Err((errno, _, false)) if out_of_descriptors_errno(errno) => {
+                    inner.events.push(Event::Refused("upstream-fd"));
+                    return Err(session::run::NO_DESCRIPTOR.to_owned());
+                }
+                Err((_, text, _)) => return Err(text),
+            };
             let (shared, rx) = inner.new_leg(decoder);
             shared.set_sink(sink);
             match upstream {
@@ -191,6 +206,14 @@ impl Host for SessionHost {
 
     fn forget(&self, leg: u64) {
         self.inner.legs.lock().unwrap_or_else(|e| e.into_inner()).remove(&leg);
+    }
+
+    fn handshake_over(&self, session: u64) {
+        self.setup.admission.handshake_over(session);
+    }
+
+    fn ended(&self, session: u64) {
+        self.setup.admission.ended(session);
     }
 }
 
@@ -233,6 +256,7 @@ impl Plane {
                 bridge: Bridge::new(events.clone()),
                 tally: Arc::default(),
                 stopping: Arc::default(),
+                protocol_errors: Arc::default(),
                 events,
                 legs: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
@@ -285,8 +309,11 @@ impl Plane {
     /// `handler(session, asked, (kind, payload))` on the runtime's thread, which returns
     /// the verdicts (None: deciding failed), or without a handler through `GUARD` events
     /// answered by `verdicts`. `broker_limits`: how the broker's frames are decoded;
-    /// `upstream_where`: the broker's address for error texts.
-    #[pyo3(signature = (hosts, port, refusal, limits, broker_limits, upstream_host, upstream_port, upstream_where, connect_timeout_ms, drain_timeout_ms, upstream_tls = false, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000, handler = None))]
+    /// `upstream_where`: the broker's address for error texts. At most `max_sessions`
+    /// sessions (a client over it gets `full_refusal`), `max_handshakes` of them waiting
+    /// for their CONNECT (the oldest is evicted for a newcomer), each sending at most
+    /// `handshake_bytes` (0: no bound) before its CONNECT is complete.
+    #[pyo3(signature = (hosts, port, refusal, limits, broker_limits, upstream_host, upstream_port, upstream_where, connect_timeout_ms, drain_timeout_ms, upstream_tls = false, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000, handler = None, max_sessions = usize::MAX, max_handshakes = usize::MAX, handshake_bytes = 0, full_refusal = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn serve_sessions(
         &self,
@@ -306,6 +333,10 @@ impl Plane {
         max_tls_handshakes: usize,
         handshake_timeout_ms: u64,
         handler: Option<Py<PyAny>>,
+        max_sessions: usize,
+        max_handshakes: usize,
+        handshake_bytes: usize,
+        full_refusal: Vec<u8>,
     ) -> PyResult<u16> {
         if let Some(handler) = handler {
             if !self.inner.bridge.set_handler(handler) {
@@ -331,7 +362,11 @@ impl Plane {
                 drain_timeout: Duration::from_millis(drain_timeout_ms),
                 upstream_where,
                 stopping: self.inner.stopping.clone(),
+                protocol_errors: self.inner.protocol_errors.clone(),
             }),
+            admission: Admission::new(max_sessions, max_handshakes),
+            handshake_bytes,
+            full_refusal,
         });
         let tls = TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms };
         self.listen_with(hosts, port, refusal, limits, tls, Some(setup))
@@ -341,6 +376,11 @@ impl Plane {
     /// ends with an ERROR): `(code, number, text, data)` each (see `session::bridge`).
     fn verdicts(&self, batch: u64, verdicts: Option<Vec<PyVerdict<'_>>>) {
         self.inner.bridge.answer(batch, verdicts.map(session::verdicts_from_py));
+    }
+
+    /// Client connections of native sessions ended by a malformed or over-limit frame.
+    fn protocol_errors(&self) -> u64 {
+        self.inner.protocol_errors.load(Ordering::Relaxed)
     }
 
     /// Frames the native sessions relayed: `(direction, command, frames)`.
@@ -606,7 +646,7 @@ impl Plane {
                     batch.into_pyobject(py)?.into_any(),
                     session::batch_into_py(py, guard)?,
                 ),
-                Event::Released(_) | Event::Stop => continue,
+                Event::Released(_) | Event::Stop | Event::Evicted(_) => continue,
                 Event::Refused(why) => (
                     REFUSED,
                     0,
@@ -804,8 +844,12 @@ async fn open_upstream(
 }
 
 fn out_of_descriptors(error: &std::io::Error) -> bool {
+    error.raw_os_error().is_some_and(out_of_descriptors_errno)
+}
+
+fn out_of_descriptors_errno(errno: i32) -> bool {
     // EMFILE, ENFILE, ENOBUFS, ENOMEM
-    matches!(error.raw_os_error(), Some(24 | 23 | 105 | 12))
+    matches!(errno, 24 | 23 | 105 | 12)
 }
 
 async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<Inner>) {
@@ -850,9 +894,14 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                 // No Python accept to wait for: the next client may come at once.
                 setup.gate.add_permits(1);
                 let peer = (peer.ip().to_string(), peer.port());
-                let sink = start_session(&inner, sessions, shared.clone(), peer);
+                let Some(sink) = start_session(&inner, sessions, shared.clone(), peer) else {
+                    tokio::spawn(refuse(tcp, sessions.full_refusal.clone()));
+                    continue;
+                };
                 shared.set_sink(sink);
                 inner.start_plain(tcp, shared, rx, false);
+                // Its handshake, its eviction: before the next client is accepted.
+                tokio::task::yield_now().await;
                 continue;
             }
             inner.events.push(Event::Accepted(
@@ -879,7 +928,10 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                 let (shared, rx) = inner.new_leg(decoder);
                 if let Some(sessions) = &setup.sessions {
                     let peer = (peer.ip().to_string(), peer.port());
-                    let sink = start_session(&inner, sessions, shared.clone(), peer);
+                    let Some(sink) = start_session(&inner, sessions, shared.clone(), peer) else {
+                        tokio::spawn(refuse(stream, sessions.full_refusal.clone()));
+                        return;
+                    };
                     shared.set_sink(sink);
                     inner.start(stream, shared, rx, false);
                     return;
@@ -907,16 +959,45 @@ async fn refuse_one(listener: &TcpListener, setup: &Listening) {
     }
 }
 
-/// Spawn the native session of an accepted client; returns where its legs' reads go.
+/// Spawn the native session of an accepted client; returns where its legs' reads go,
+/// or None when the client is refused (max-connections; its leg is dropped).
 fn start_session(
     inner: &Arc<Inner>,
     setup: &Arc<SessionSetup>,
     client: Arc<leg::Shared>,
     peer: (String, u16),
-) -> mpsc::UnboundedSender<Event> {
+) -> Option<mpsc::UnboundedSender<Event>> {
     let (tx, rx) = mpsc::unbounded_channel();
+    match setup.admission.admit(client.id, tx.clone()) {
+        Admit::Refused => {
+            inner.legs.lock().unwrap_or_else(|e| e.into_inner()).remove(&client.id);
+            inner.events.push(Event::Refused("max"));
+            return None;
+        }
+        Admit::Admitted(Some(oldest)) => {
+            let reason = format!(
+                "too many pending handshakes (max-pending-handshakes = {}): no CONNECT in time",
+                setup.admission.max_pending
+            );
+            let _ = oldest.send(Event::Evicted(reason));
+        }
+        Admit::Admitted(None) => {}
+    }
+    if setup.handshake_bytes > 0 {
+        client.set_handshake(setup.handshake_bytes);
+    }
     let host: Arc<dyn Host> = Arc::new(SessionHost { inner: inner.clone(), setup: setup.clone() });
     let session = Session::new(host, inner.bridge.clone(), setup.config.clone(), client, rx, tx.clone(), peer);
     tokio::spawn(session.run());
-    tx
+    Some(tx)
+}
+
+/// Tell a client refused at max-connections why, then close (STOMP: ERROR, then close).
+async fn refuse<S: tokio::io::AsyncWrite + Unpin>(mut stream: S, refusal: Vec<u8>) {
+    use tokio::io::AsyncWriteExt;
+    let written = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(&refusal).await?;
+        stream.shutdown().await
+    });
+    let _ = written.await;
 }
