@@ -426,7 +426,11 @@ def iter_event_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
 
 def read_events(*paths: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Read events back from files or directories (``.jsonl``, ``.jsonl.gz`` and
-    ``.parquet`` segments), each as the dict the writer wrote: absent fields absent."""
+    ``.parquet`` segments), each as the dict the writer wrote: absent fields absent.
+
+    The writer ends every event with a newline, so a last line without one is an event
+    cut short by a crash of its writer (SIGKILL halfway through a write): it is left
+    out, as the audit's reader leaves it out. Any other line that is not JSON raises."""
     for path in iter_event_files(paths):
         if path.suffix == ".parquet":
             yield from _read_parquet(path)
@@ -434,8 +438,19 @@ def read_events(*paths: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt", encoding="utf-8") as handle:
             for line in handle:
+                if not line.endswith("\n") and not _json_complete(line):
+                    break  # the torn end of a killed writer's file
                 if line.strip():
                     yield json.loads(line)
+
+
+def _json_complete(line: str) -> bool:
+    """Whether ``line`` parses as JSON (an unterminated last line may still be whole)."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 # -- Parquet segments ------------------------------------------------------------------

@@ -4,6 +4,7 @@ segment cannot be converted exactly; readers see every event once, never a parti
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -148,3 +149,20 @@ def test_a_segment_left_unconverted_is_converted_by_the_next_writer(tmp_path: Pa
     numbers = sorted(int(p.name.split(".")[1]) for p in tmp_path.glob("events-n.0*.parquet"))
     assert numbers == list(range(1, len(numbers) + 1))  # the numbering went on after it
     assert [int(e["message_id"]) for e in read_events(tmp_path)] == list(range(105))
+
+
+def test_a_torn_last_line_is_left_out_and_a_bad_line_inside_raises(tmp_path: Path) -> None:
+    """A writer SIGKILLed halfway through a write leaves its last event without the
+    newline every event ends with: reading skips that one (as the audit does), while a
+    line that is not JSON anywhere else is corruption and raises."""
+    good = '{"v":1,"ts":1,"type":"sent"}\n{"v":1,"ts":2,"type":"acked"}\n'
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "events-n.jsonl").write_text(good + '{"v":1,"ts":3,"type":"redis')
+    assert [e["ts"] for e in read_events(tmp_path / "torn")] == [1, 2]
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "whole" / "events-n.jsonl").write_text(good + '{"v":1,"ts":3,"type":"x"}')
+    assert [e["ts"] for e in read_events(tmp_path / "whole")] == [1, 2, 3]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "events-n.jsonl").write_text('{"v":1,"ts":1,"ty\n' + good)
+    with pytest.raises(json.JSONDecodeError):
+        list(read_events(tmp_path / "bad"))
