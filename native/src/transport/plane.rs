@@ -894,6 +894,7 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                 // No Python accept to wait for: the next client may come at once.
                 setup.gate.add_permits(1);
                 let peer = (peer.ip().to_string(), peer.port());
+                sessions.admission.room().await;
                 let Some(sink) = start_session(&inner, sessions, shared.clone(), peer) else {
                     tokio::spawn(refuse(tcp, sessions.full_refusal.clone()));
                     continue;
