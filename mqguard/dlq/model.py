@@ -20,6 +20,12 @@ from mqguard.message import (
     Message,
     parse_wire_int,
 )
+from mqguard.mqtt_sidecar.messages import (
+    address_to_topic,
+    split_dead_letter_topic,
+    topic_content_id,
+    topic_to_address,
+)
 
 __all__ = ["DEFAULT_PREVIEW_BYTES", "MOVE_HEADERS", "DeadLetter", "body_preview"]
 
@@ -34,6 +40,8 @@ MOVE_HEADERS: Final = frozenset({MOVE_REASON_HEADER, ACTUAL_EXPIRY_HEADER, MOVED
 _BROKER_REASON: Final = "dlqDeliveryFailureCause"
 _BROKER_ORIGIN: Final = "original-destination"
 _DESTINATION_PREFIXES: Final = ("/queue/", "/topic/", "/amq/queue/")
+#: The raw header in which the MQTT adapter gives a delivery's topic.
+_MQTT_TOPIC: Final = "mqtt-topic"
 
 
 def _broker_origin(raw: Mapping[str, str]) -> str | None:
@@ -98,6 +106,9 @@ class DeadLetter:
     #: ActiveMQ's own dead letters keep the original's timestamp.
     sent_at: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: Read from ``<dead-letter topic>/<count>/<original topic>``: an MQTT 3.1.1 dead
+    #: letter, whose original address and delivery count are its topic's (no properties).
+    in_topic: bool = False
 
     @property
     def message(self) -> Message:
@@ -127,7 +138,7 @@ class DeadLetter:
             reason = f"dead-lettered by RabbitMQ ({raw['x-first-death-reason']})"
         if reason is None and broker_origin is not None:
             reason = "dead-lettered by ActiveMQ"
-        return cls(
+        letter = cls(
             delivery=delivery, address=address,
             original_address=headers.get(ORIG_ADDRESS_HEADER) or broker_origin,
             original_queue=headers.get(ORIG_QUEUE_HEADER) or raw.get("x-first-death-queue"),
@@ -135,6 +146,30 @@ class DeadLetter:
             reason=reason, kind="expired" if expiry is not None else "dead-letter",
             delivery_count=_int(headers, ORIG_DELIVERY_COUNT_HEADER), moved_at=moved_at,
             sent_at=sent_at, headers=dict(headers))
+        topic = raw.get(_MQTT_TOPIC)
+        if topic is not None and letter.original_address is None:
+            letter._read_topic(topic)
+        return letter
+
+    def _read_topic(self, topic: str) -> None:
+        """Take the original address and delivery count from an MQTT 3.1.1 dead letter's
+        topic (``<dead-letter topic>/<count>/<original topic>``), and give it the ids the
+        MQTT sidecar gives such messages: their content ids (topic and payload)."""
+        encoded = split_dead_letter_topic(topic, address_to_topic(self.address))
+        if encoded is None:
+            return
+        count, original_topic = encoded
+        message = self.message
+        self.in_topic = True
+        self.original_address = topic_to_address(original_topic)
+        self.delivery_count = count
+        # The id the sidecar recorded the original's deliveries under (its dead_lettered
+        # event): an MQTT 3.1.1 delivery carries no mqguard-id, so it is the content id.
+        self.original_message_id = topic_content_id(original_topic, message.body)
+        if not message.message_id:
+            # Stable across reads, so --id finds it and every retry attempt sends the copy
+            # under one id (<id>~r), which a guarded consumer recognises.
+            message.message_id = topic_content_id(topic, message.body)
 
     @property
     def aged_from(self) -> int | None:
@@ -153,7 +188,7 @@ class DeadLetter:
             "original_address": self.original_address, "original_queue": self.original_queue,
             "original_message_id": self.original_message_id, "reason": self.reason,
             "delivery_count": self.delivery_count, "moved_at": self.moved_at,
-            "sent_at": self.sent_at,
+            "sent_at": self.sent_at, "in_topic": self.in_topic,
             "producer_id": message.producer_id, "seq": message.sequence,
             "duplicate_id": message.duplicate_id,
             "broker_message_id": message.broker_message_id,

@@ -16,6 +16,11 @@ persistent session of its own, client id :func:`session_client_id`, that never e
 every ``mqguard dlq`` command uses it, and the first one creates it (:func:`attach`).
 Dead letters published before that are gone. Retained messages are not used: a topic
 retains one message, a dead-letter address holds many.
+
+On MQTT every read subscribes two topic filters (:func:`subscription_addresses`): the
+dead-letter topic itself, where MQTT 5 dead letters go with their properties, and
+``<topic>/+/#``, where MQTT 3.1.1 ones go as ``<topic>/<count>/<original topic>``
+(:class:`~mqguard.dlq.model.DeadLetter` reads them back).
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from urllib.parse import urlsplit
 
 from mqguard.adapter import Adapter, Delivery, SubscribeOptions
 from mqguard.dlq.model import DeadLetter
+from mqguard.mqtt_sidecar.messages import dead_letter_filter
 from mqguard.registry import open_adapter
 
 __all__ = ["DEFAULT_IDLE_MS", "DEFAULT_WINDOW", "FIRST_WAIT_FACTOR", "MQTT_SESSION_EXPIRY",
            "DeliveryQueue", "attach", "consuming", "is_mqtt", "open_dlq_adapter", "peek",
-           "session_client_id"]
+           "session_client_id", "subscription_addresses"]
 
 #: How long a read waits for one more message before it takes the address as drained (for
 #: the first one, :data:`FIRST_WAIT_FACTOR` times as long: a deep queue takes a while).
@@ -53,6 +59,20 @@ def is_mqtt(url: str) -> bool:
 def session_client_id(address: str) -> str:
     """The MQTT client id of the persistent session that holds ``address``."""
     return f"mqguard-dlq.{address}"
+
+
+def subscription_addresses(adapter: Adapter, address: str) -> list[str]:
+    """What a read of ``address`` subscribes: on MQTT also the topics below it that hold
+    MQTT 3.1.1 dead letters (``<topic>/<count>/<original topic>``), else ``address``."""
+    if adapter.name != "mqtt":
+        return [address]
+    return [address, dead_letter_filter(address)]
+
+
+def _subscribe(adapter: Adapter, address: str, queue: DeliveryQueue,
+               options: SubscribeOptions) -> list[str]:
+    return [adapter.subscribe(each, queue, options)
+            for each in subscription_addresses(adapter, address)]
 
 
 def open_dlq_adapter(url: str, address: str, **options: Any) -> Adapter:
@@ -93,12 +113,13 @@ class DeliveryQueue:
 
 def attach(adapter: Adapter, address: str) -> None:
     """Subscribe ``address`` once, so that an MQTT broker keeps its dead letters from now
-    on (the session outlives the connection). A no-op for STOMP brokers, which keep queues
-    without subscribers."""
+    on (the session outlives the connection), MQTT 3.1.1 ones below it included
+    (:func:`subscription_addresses`). A no-op for STOMP brokers, which keep queues without
+    subscribers."""
     if adapter.name != "mqtt":
         return
     queue = DeliveryQueue()
-    adapter.subscribe(address, queue, SubscribeOptions())
+    _subscribe(adapter, address, queue, SubscribeOptions())
     # No unsubscribe: it would end the subscription the session exists for. Whatever was
     # delivered meanwhile stays unacknowledged and is resent to the next connection.
 
@@ -115,12 +136,13 @@ def peek(adapter: Adapter, address: str, *, limit: int | None = None,
     queue = DeliveryQueue()
     browse = adapter.capabilities.browse and hasattr(adapter, "wait_browse_end")
     options = SubscribeOptions(browse=True) if browse else SubscribeOptions(prefetch=want)
-    subscription = adapter.subscribe(address, queue, options)
+    subscriptions = _subscribe(adapter, address, queue, options)
     found: list[Delivery] = []
     first_s = (FIRST_WAIT_FACTOR * idle_ms if first_wait_ms is None else first_wait_ms) / 1000.0
     if browse:
         # ActiveMQ says when a browse has sent everything: no idle guess needed.
         wait_end = adapter.wait_browse_end  # type: ignore[attr-defined]
+        (subscription,) = subscriptions  # one: browsing is STOMP's (ActiveMQ)
         wait_end(subscription, max(first_s, 30.0))
         first_s, idle_ms = 0.0, 1
     while len(found) < want:
@@ -130,7 +152,7 @@ def peek(adapter: Adapter, address: str, *, limit: int | None = None,
             break
         found.extend(batch)
     if browse:
-        adapter.unsubscribe(subscription)
+        adapter.unsubscribe(subscriptions[0])
     # Elsewhere the subscription stays until the connection closes: an UNSUBSCRIBE would
     # end an MQTT session's subscription, and on STOMP the close gives everything back.
     return [DeadLetter.from_delivery(d, address) for d in found[:want]]
@@ -141,9 +163,10 @@ def consuming(adapter: Adapter, address: str, *, window: int = DEFAULT_WINDOW
               ) -> Iterator[DeliveryQueue]:
     """A client-individual subscription of ``address`` for the duration of the block."""
     queue = DeliveryQueue()
-    subscription = adapter.subscribe(address, queue, SubscribeOptions(prefetch=window))
+    subscriptions = _subscribe(adapter, address, queue, SubscribeOptions(prefetch=window))
     try:
         yield queue
     finally:
         if adapter.name != "mqtt":
-            adapter.unsubscribe(subscription)
+            for subscription in subscriptions:
+                adapter.unsubscribe(subscription)

@@ -8,8 +8,9 @@ and the dead letter, no duplicate rejection, a fresh reference (delivery count 0
 acknowledges the dead letter in the same transaction. mqguard does the same through the
 adapters:
 
-* the copy goes to ``--to`` or ``_AMQ_ORIG_ADDRESS``; dead letters without one are left
-  where they are (``no_origin``);
+* the copy goes to ``--to`` or ``_AMQ_ORIG_ADDRESS`` (for an MQTT 3.1.1 dead letter, the
+  original topic its topic encodes: :attr:`DeadLetter.in_topic`); dead letters without
+  one are left where they are (``no_origin``);
 * it keeps the body, the application's headers, the producer id and sequence and
   ``_AMQ_DUPL_ID`` (not checked: Artemis's ``rejectDuplicate`` is false) and the
   original's send time (``mqguard-sent-at``: Artemis's copy keeps its timestamp), drops
@@ -21,7 +22,8 @@ adapters:
   same id, so a repeated attempt resends the same message, and the audit sees one second
   life); the delivery count starts over with it;
 * it carries ``_AMQ_BRIDGE_DUP = dlq:<dead letter id>``, recorded in the target's
-  ``BRIDGE.<address>`` duplicate-ID cache once the broker confirmed the copy.
+  ``BRIDGE.<address>`` duplicate-ID cache once the broker confirmed the copy (not for an
+  MQTT 3.1.1 dead letter: see :func:`bridge_id_of`).
 
 Crash safety (a SIGKILL anywhere): where the broker has transactions (ActiveMQ, and
 RabbitMQ, whose STOMP plugin performs a transaction's frames at COMMIT) each batch of
@@ -126,7 +128,13 @@ class RetryResult:
 def bridge_id_of(letter: DeadLetter, *, stable_broker_ids: bool = False) -> str | None:
     """``dlq:<dead letter id>``: its mqguard id, else the broker's where that is stable
     (ActiveMQ); None for a message that never went through a guard on a broker whose
-    message ids change with each delivery (RabbitMQ, MQTT)."""
+    message ids change with each delivery (RabbitMQ, MQTT), and for an MQTT 3.1.1 dead
+    letter (:attr:`DeadLetter.in_topic`). Such a letter's id comes from its topic and
+    payload: the same message dead-lettered again after a retry has the same one, and a
+    bridge id recorded by the first retry would have the second taken for done and its
+    dead letter acknowledged without a copy."""
+    if letter.in_topic:
+        return None
     stable = letter.message.message_id or (
         letter.message.broker_message_id if stable_broker_ids else None)
     return f"{BRIDGE_PREFIX}{stable}" if stable else None

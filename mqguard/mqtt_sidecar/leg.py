@@ -22,7 +22,7 @@ from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeO
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
 from mqguard.message import ORIG_ADDRESS_HEADER, ORIG_DELIVERY_COUNT_HEADER, Message
-from mqguard.mqtt_sidecar.messages import address_to_topic, expiry_interval
+from mqguard.mqtt_sidecar.messages import address_to_topic, dead_letter_topic, expiry_interval
 
 if TYPE_CHECKING:
     from mqguard_native import MqttPlane
@@ -108,12 +108,12 @@ class MqttLeg:
     def topic_of(self, message: Message) -> str:
         """The topic a copy is published to. MQTT 3.1.1 has no user properties: a dead
         letter's original topic and delivery count go into its topic instead
-        (``DLA/<count>/<original topic>``)."""
+        (``DLA/<count>/<original topic>``; ``mqguard dlq`` reads them back)."""
         topic = address_to_topic(message.address)
         original = message.headers.get(ORIG_ADDRESS_HEADER)
         if self.level != 5 and original:
             count = message.headers.get(ORIG_DELIVERY_COUNT_HEADER, "0")
-            topic = f"{topic}/{count}/{address_to_topic(original)}"
+            topic = dead_letter_topic(topic, count, address_to_topic(original))
         return topic
 
     def send(self, message: Message, *, transaction: str | None = None) -> None:

@@ -4,6 +4,10 @@ A PUBLISH crosses from the native plane as plain data (:class:`MqttMessage`). It
 ``a/b`` is the guard's address ``a.b`` (as the MQTT adapter maps it); its MQTT 5 user
 properties are its headers (the first value of a name wins, as in the adapter); its
 Message Expiry Interval is its expiration.
+
+A dead letter published over MQTT 3.1.1, which has no user properties, carries its
+original topic and delivery count in its topic instead: ``<dead-letter topic>/<count>/<original
+topic>`` (:func:`dead_letter_topic`, read back by :func:`split_dead_letter_topic`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from mqguard.digest import content_id
 from mqguard.message import Message, now_ms
 
 __all__ = ["MESSAGE_TOPIC_HEADER", "MqttMessage", "address_to_topic", "content_message_id",
-           "delivery_message", "expiry_interval", "send_message", "topic_to_address",
+           "dead_letter_filter", "dead_letter_topic", "delivery_message", "expiry_interval",
+           "send_message", "split_dead_letter_topic", "topic_content_id", "topic_to_address",
            "user_properties"]
 
 #: The header (name) that puts the topic into a content id of a message without one.
@@ -54,6 +59,31 @@ def address_to_topic(address: str) -> str:
     return address.replace(".", "/")
 
 
+def dead_letter_topic(dla_topic: str, count: int | str, original_topic: str) -> str:
+    """The topic of an MQTT 3.1.1 dead letter: ``<dla topic>/<count>/<original topic>``."""
+    return f"{dla_topic}/{count}/{original_topic}"
+
+
+def dead_letter_filter(dla_address: str) -> str:
+    """The address (topic filter ``<dla topic>/+/#``) that takes the MQTT 3.1.1 dead letters
+    of ``dla_address``, beside the address itself, which takes the MQTT 5 ones."""
+    return f"{dla_address}.+.#"
+
+
+def split_dead_letter_topic(topic: str, dla_topic: str) -> tuple[int, str] | None:
+    """The delivery count and original topic that ``topic``, read from ``dla_topic`` or
+    below it, encodes (:func:`dead_letter_topic`); None for any other topic (the dead-letter
+    topic itself, or one under it that some other client published to)."""
+    prefix = dla_topic + "/"
+    if not topic.startswith(prefix):
+        return None
+    count, _, original = topic[len(prefix):].partition("/")
+    # ASCII digits only: str.isdigit() also takes other scripts' digits, which int() reads.
+    if not original or not count or not all("0" <= ch <= "9" for ch in count):
+        return None
+    return int(count), original
+
+
 def _headers(user: list[tuple[str, str]]) -> dict[str, str]:
     headers: dict[str, str] = {}
     for name, value in user:
@@ -74,13 +104,18 @@ def send_message(mqtt: MqttMessage) -> Message:
     return message
 
 
+def topic_content_id(topic: str, payload: bytes) -> str:
+    """The content id of a payload published to ``topic`` (see :func:`content_message_id`)."""
+    return content_id(payload, {MESSAGE_TOPIC_HEADER: topic}, (MESSAGE_TOPIC_HEADER,))
+
+
 def content_message_id(mqtt: MqttMessage) -> str:
     """The message id of a PUBLISH that cannot carry the guard's: from its topic and payload.
 
     A delivery without ``mqguard-id`` gets it, and so does an MQTT 3.1.1 client's send
     (nothing can carry an id to the broker), so the audit meets the same id at both ends.
     """
-    return content_id(mqtt.payload, {MESSAGE_TOPIC_HEADER: mqtt.topic}, (MESSAGE_TOPIC_HEADER,))
+    return topic_content_id(mqtt.topic, mqtt.payload)
 
 
 def delivery_message(mqtt: MqttMessage) -> Message:

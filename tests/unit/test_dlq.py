@@ -17,6 +17,7 @@ from mqguard.dlq import (
     DeadLetter,
     Selection,
     body_preview,
+    bridge_id_of,
     is_dead_letter_address,
     parse_duration,
     retry_copy,
@@ -33,6 +34,12 @@ from mqguard.message import (
     ORIG_QUEUE_HEADER,
     SENT_AT_HEADER,
     Message,
+)
+from mqguard.mqtt_sidecar.messages import (
+    dead_letter_filter,
+    dead_letter_topic,
+    split_dead_letter_topic,
+    topic_content_id,
 )
 from mqguard.servers.ports import free_ports
 
@@ -216,3 +223,48 @@ def test_each_command_s_options_are_its_synopsis_in_docs() -> None:
             shown = next((opt for opt in param.opts if opt in documented), param.opts[0])
             actual[shown] = value
         assert documented == actual, name
+
+
+def _mqtt_letter(topic: str, body: bytes = b"x") -> DeadLetter:
+    """A dead letter as the MQTT adapter delivers it: no properties, its topic in raw."""
+    message = Message.from_wire(topic.replace("/", "."), body, {})
+    return DeadLetter.from_delivery(
+        Delivery(message, "s", None, raw_headers={"mqtt-topic": topic}), "orders.DLA")
+
+
+def test_an_mqtt311_dead_letter_is_read_from_its_topic() -> None:
+    letter = _mqtt_letter("orders/DLA/3/plant/line-1")
+    assert (letter.in_topic, letter.address, letter.original_address,
+            letter.delivery_count) == (True, "orders.DLA", "plant.line-1", 3)
+    # The id the MQTT sidecar gave the original (its content id), and a stable own id.
+    assert letter.original_message_id == topic_content_id("plant/line-1", b"x")
+    assert letter.message_id == _mqtt_letter("orders/DLA/3/plant/line-1").message_id
+    assert letter.message_id != _mqtt_letter("orders/DLA/3/plant/line-1", b"y").message_id
+    assert letter.to_json()["in_topic"] is True
+    assert Selection.of(original="plant.#").accepts(letter, 0)
+    assert Selection.of(ids=[letter.message_id]).accepts(letter, 0)
+    # Retried to its original topic, without a bridge id: a content id would come again
+    # for the same message dead-lettered after the retry.
+    assert bridge_id_of(letter) is None
+    copy = retry_copy(letter, letter.original_address or "", None)
+    assert (copy.address, copy.message_id) == ("plant.line-1", letter.message_id + "~r")
+    assert copy.headers[ORIG_ADDRESS_HEADER] == "orders.DLA"
+    # Its own dead letters (MQTT 5, with properties) keep theirs.
+    assert not _letter().in_topic and bridge_id_of(_letter()) == "dlq:" + "D" * 20
+
+
+@pytest.mark.parametrize("topic", ["orders/DLA", "orders/DLA/x/plant", "orders/DLA/3",
+                                   "orders/DLA/3/", "orders/DLA/\u0663/plant",
+                                   "orders/DLAX/3/plant"])
+def test_other_topics_under_the_dead_letter_topic_are_taken_as_they_are(topic: str) -> None:
+    letter = _mqtt_letter(topic)
+    assert (letter.in_topic, letter.original_address, letter.delivery_count) == (
+        False, None, None)
+    assert letter.message_id == ""  # no id made up: not retried (no origin) but with --to
+
+
+def test_the_sidecar_writes_the_topic_mqguard_dlq_reads() -> None:
+    topic = dead_letter_topic("orders/DLA", 2, "plant/line-1")
+    assert topic == "orders/DLA/2/plant/line-1"
+    assert split_dead_letter_topic(topic, "orders/DLA") == (2, "plant/line-1")
+    assert dead_letter_filter("orders.DLA") == "orders.DLA.+.#"
