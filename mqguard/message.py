@@ -28,10 +28,16 @@ PRODUCER_ID_HEADER: Final = "mqguard-producer"
 SEQUENCE_HEADER: Final = "mqguard-seq"
 #: Absolute expiration, epoch milliseconds; 0 means never (STOMP ``expires``).
 EXPIRATION_HEADER: Final = "mqguard-expires"
+#: When the message was first sent through a guard (epoch ms), stamped once and kept by
+#: every copy (as Artemis's copies keep the original's timestamp): a dead letter's
+#: "original send" time (``mqguard dlq show``). Only where a move can happen: see
+#: :attr:`mqguard.settings.AddressSettings.has_move_target`.
+SENT_AT_HEADER: Final = "mqguard-sent-at"
 
 #: Headers the guard owns; adapters never pass them to applications as user headers.
 GUARD_HEADERS: Final = frozenset(
-    {MESSAGE_ID_HEADER, PRODUCER_ID_HEADER, SEQUENCE_HEADER, EXPIRATION_HEADER}
+    {MESSAGE_ID_HEADER, PRODUCER_ID_HEADER, SEQUENCE_HEADER, EXPIRATION_HEADER,
+     SENT_AT_HEADER}
 )
 
 # Artemis headers put on copies moved to a dead-letter or expiry address.
@@ -189,6 +195,9 @@ class Message:
     #: Only adapters whose broker has ``delayed_delivery`` accept it; the others refuse
     #: the send rather than deliver early. Not carried to the consumer.
     scheduled_delivery: int = 0
+    #: When it was first sent through a guard (epoch ms, ``mqguard-sent-at``); 0 = not
+    #: stamped. Never overwritten; copies (moves, redeliveries, dlq retries) keep it.
+    sent_at: int = 0
 
     def is_expired(self, at_ms: int | None = None) -> bool:
         """Artemis rule: expired when expiration != 0 and now >= expiration."""
@@ -212,6 +221,8 @@ class Message:
                     out[SEQUENCE_HEADER] = str(sequence)
         if self.expiration:
             out[EXPIRATION_HEADER] = str(self.expiration)
+        if self.sent_at:
+            out[SENT_AT_HEADER] = str(self.sent_at)
         return out
 
     @classmethod
@@ -242,6 +253,7 @@ class Message:
         producer_id = app.pop(PRODUCER_ID_HEADER, None)
         sequence = _pop_wire_int(app, SEQUENCE_HEADER)
         expiration = _pop_wire_int(app, EXPIRATION_HEADER) or 0
+        sent_at = _pop_wire_int(app, SENT_AT_HEADER) or 0
         if producer_id is None and sequence is None and message_id:
             derived = split_derived_id(message_id)
             if derived is not None:
@@ -256,6 +268,7 @@ class Message:
             producer_id=producer_id,
             sequence=sequence,
             broker_message_id=broker_message_id,
+            sent_at=sent_at,
         )
 
     def copy_for(self, address: str, **changes: object) -> Message:

@@ -307,10 +307,12 @@ class Guard:
         """First half of a send: decide ``messages`` (to go to a broker of ``broker``'s
         kind, with ``capabilities``), in order; nothing is written to a broker here.
 
-        Each message without one gets its mqguard id. Then ``before_send`` decides each
-        message, up to the first REJECT outside a transaction (nothing after it is
-        decided: :attr:`SendDecision.undecided`); inside ``transaction`` a REJECT makes
-        the transaction rollback-only (Artemis: its COMMIT fails) and deciding goes on.
+        Each message without one gets its mqguard id, and, where the address has a
+        dead-letter or expiry target, its send time (``sent_at``, kept when it has one).
+        Then ``before_send`` decides each message, up to the first REJECT outside a
+        transaction (nothing after it is decided: :attr:`SendDecision.undecided`);
+        inside ``transaction`` a REJECT makes the transaction rollback-only (Artemis: its
+        COMMIT fails) and deciding goes on.
         With ``batch`` (only outside a transaction) the messages share one context per
         address with ``ctx.batch`` True, and ``before_send_batch`` is then called once
         over everything ``before_send`` accepted (the duplicate-ID reservation of the
@@ -335,6 +337,9 @@ class Guard:
         results: list[SendResult] = []
         append = results.append
         contexts: dict[str, HookContext] = {}
+        # Per address of the batch: whether its messages get their send time stamped.
+        stamped: dict[str, bool] = {}
+        sent_at = 0
         # Positions (in results) of the messages forwarded, for before_send_batch.
         forwarded: list[int] = []
         # Whether some result forwards nothing, and whether one is a REJECT.
@@ -348,9 +353,16 @@ class Guard:
                 if ctx is None:
                     ctx = contexts[message.address] = self._send_context(
                         message.address, capabilities, role, None, broker, sender, True)
+                    stamped[message.address] = ctx.settings.has_move_target
+                stamp = stamped[message.address]
             else:
                 ctx = self._send_context(message.address, capabilities, role, tx_id, broker,
                                          sender, False)
+                stamp = ctx.settings.has_move_target
+            if stamp and not message.sent_at:
+                # The send time, once (a message sent again keeps its first), before the
+                # hooks: a copy they move it to keeps it too. One clock read per batch.
+                message.sent_at = sent_at = sent_at or now_ms()
             verdict = first(message, ctx)
             if verdict is None or verdict.action is Action.CONTINUE:
                 if batch:
@@ -984,7 +996,8 @@ class Guard:
                         headers=headers, message_id=message.message_id,
                         duplicate_id=message.duplicate_id, expiration=message.expiration,
                         producer_id=message.producer_id, sequence=message.sequence,
-                        scheduled_delivery=now_ms() + delay_ms if delay_ms > 0 else 0)
+                        scheduled_delivery=now_ms() + delay_ms if delay_ms > 0 else 0,
+                        sent_at=message.sent_at)
         try:
             adapter.send(again)
         except Exception as exc:
@@ -1078,7 +1091,9 @@ class Guard:
         original, so a crash in between yields a duplicate copy, never a loss.
         No copy keeps the original's expiration (a dead letter would otherwise expire
         out of its dead-letter address); an ``expiry`` copy also carries
-        ``_AMQ_ACTUAL_EXPIRY``, the time it was expired. Inside a ``transaction`` the
+        ``_AMQ_ACTUAL_EXPIRY``, the time it was expired. The copy keeps the original's
+        send time (``mqguard-sent-at``), as Artemis's copy keeps the original's timestamp
+        (there is no ``_AMQ_ORIG_TIMESTAMP``). Inside a ``transaction`` the
         copy is sent at COMMIT and the caller writes the events after it (the
         ``moved`` event and hook are then left to the caller too).
         """
@@ -1086,6 +1101,9 @@ class Guard:
         # Artemis QueueImpl.makeCopy sets the copy's expiration to 0 for every move, dead
         # letters included: the TTL was about delivering the original.
         copy.expiration = 0
+        # And keeps its timestamp (CoreMessage's copy): the original's send time travels
+        # as the copy's mqguard-sent-at, the "original send" of ``mqguard dlq show``.
+        copy.sent_at = message.sent_at
         if expiry:
             copy.headers[ACTUAL_EXPIRY_HEADER] = str(now_ms())
         copy.headers[ORIG_ADDRESS_HEADER] = message.address

@@ -187,6 +187,15 @@ class AddressSettings:
         """Name of the auto-created expiry queue of ``address``."""
         return f"{self.expiry_queue_prefix}{address}{self.expiry_queue_suffix}"
 
+    @property
+    def has_move_target(self) -> bool:
+        """Whether mqguard can move a message of this address anywhere: it has a
+        dead-letter or an expiry target (every move goes to one). Without one a poison or
+        expired message is dropped, so its send time (``mqguard-sent-at``) is not stamped:
+        every header a guarded message carries costs its broker CPU per send."""
+        return bool(self.dead_letter_address or self.auto_create_dead_letter_resources
+                    or self.expiry_address or self.auto_create_expiry_resources)
+
 
 _FIELD_NAMES = tuple(f.name for f in fields(AddressSettings))
 

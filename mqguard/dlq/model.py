@@ -92,9 +92,10 @@ class DeadLetter:
     #: timestamp of the copy (ActiveMQ), whichever the message carries; None for the dead
     #: letters ActiveMQ makes itself, which keep the original's timestamp instead.
     moved_at: int | None = None
-    #: When the original was sent (epoch ms), where the dead letter tells: only ActiveMQ's
-    #: own dead letters do (mqguard's copies are sends of their own; the event log's
-    #: ``sent`` event of the original has the time).
+    #: When the original was sent (epoch ms), where the dead letter tells: mqguard's
+    #: copies carry it as ``mqguard-sent-at`` (stamped at the original's first guarded
+    #: send to an address with a dead-letter or expiry target, kept by the copy), and
+    #: ActiveMQ's own dead letters keep the original's timestamp.
     sent_at: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -114,10 +115,11 @@ class DeadLetter:
         expiry = _int(headers, ACTUAL_EXPIRY_HEADER)
         moved_at = _int(headers, MOVED_AT_HEADER) or expiry
         broker_origin = _broker_origin(raw)
-        sent_at = None
+        # The guard's stamp of the original's send, which its copies keep.
+        sent_at = message.sent_at or None
         if moved_at is None and broker_origin is not None:
             # ActiveMQ moved it itself and kept the original's JMSTimestamp: a send time.
-            sent_at = _int(raw, "timestamp")
+            sent_at = sent_at or _int(raw, "timestamp")
         elif moved_at is None:
             moved_at = _int(raw, "timestamp")
         reason = headers.get(MOVE_REASON_HEADER) or raw.get(_BROKER_REASON)

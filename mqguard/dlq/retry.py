@@ -11,11 +11,12 @@ adapters:
 * the copy goes to ``--to`` or ``_AMQ_ORIG_ADDRESS``; dead letters without one are left
   where they are (``no_origin``);
 * it keeps the body, the application's headers, the producer id and sequence and
-  ``_AMQ_DUPL_ID`` (not checked: Artemis's ``rejectDuplicate`` is false), drops the move's
-  own headers (reason, times, counts), and has **no expiration**: the original's TTL was
-  spent on its first life and the copy is an operator's deliberate resend (Artemis clears
-  it too; re-deriving one from ``expiry-delay`` would let a retried message expire again
-  before the fixed consumer reached it);
+  ``_AMQ_DUPL_ID`` (not checked: Artemis's ``rejectDuplicate`` is false) and the
+  original's send time (``mqguard-sent-at``: Artemis's copy keeps its timestamp), drops
+  the move's own headers (reason, move times, counts), and has **no expiration**: the
+  original's TTL was spent on its first life and the copy is an operator's deliberate
+  resend (Artemis clears it too; re-deriving one from ``expiry-delay`` would let a
+  retried message expire again before the fixed consumer reached it);
 * its id is the dead letter's id plus ``~r`` (one retry of one dead letter always has the
   same id, so a repeated attempt resends the same message, and the audit sees one second
   life); the delivery count starts over with it;
@@ -144,7 +145,8 @@ def retry_copy(letter: DeadLetter, target: str, bridge_id: str | None) -> Messag
     copy_id = (message.message_id + RETRY_SUFFIX) if message.message_id else new_message_id()
     return Message(address=target, body=message.body, headers=headers, message_id=copy_id,
                    duplicate_id=message.duplicate_id, expiration=0,
-                   producer_id=message.producer_id, sequence=message.sequence)
+                   producer_id=message.producer_id, sequence=message.sequence,
+                   sent_at=letter.sent_at or 0)
 
 
 @dataclass(slots=True)

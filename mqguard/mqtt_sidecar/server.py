@@ -15,6 +15,7 @@ from mqguard.mqtt_sidecar.bridge import MqttBridge
 from mqguard.mqtt_sidecar.metrics import MqttMetrics
 from mqguard.mqtt_sidecar.plane import PlaneDriver
 from mqguard.pipeline import Guard
+from mqguard.sidecar.dla_depth import DeadLetterDepth
 
 __all__ = ["MqttSidecar", "parse_mqtt_upstream"]
 
@@ -73,6 +74,12 @@ class MqttSidecar:
         self._owns_guard = guard is None
         self.guard = guard if guard is not None else Guard(config, role="sidecar")
         self.bridge = MqttBridge(self.guard, broker=broker, metrics=self.metrics)
+        # mqguard_dla_depth / mqguard_dla_moved_total, from the guard's moves; never a
+        # broker count on MQTT (mqguard.sidecar.dla_depth: only the dead-letter session
+        # reads its topic), so no connection and no thread of its own.
+        self.dla_depth = DeadLetterDepth(
+            self.guard, f"mqtt{'s' if upstream_tls else ''}://{upstream[0]}:{upstream[1]}")
+        self.metrics.registry.register(self.dla_depth)
         self.release_grace_ms = release_grace_ms
         self.tls_files = tls_files
         self.upstream_tls = upstream_tls
@@ -85,6 +92,7 @@ class MqttSidecar:
 
     async def start(self) -> None:
         self.guard.start()
+        self.guard.plugins.register(self.dla_depth)
         limits = self.config.core.sidecar
         self.driver = PlaneDriver(
             asyncio.get_running_loop(), self.bridge, upstream=self.upstream,
@@ -127,6 +135,8 @@ class MqttSidecar:
             await asyncio.get_running_loop().run_in_executor(None, driver.plane.shutdown, 1000)
             driver.dispatch()
         self.bridge.close()
+        if self.guard.plugins.is_registered(self.dla_depth):
+            self.guard.plugins.unregister(self.dla_depth)
         if self._owns_guard:
             self.guard.close()
 

@@ -13,6 +13,15 @@ Two series per dead-letter or expiry address, labelled ``address``:
     at most ``window`` messages, 10,000; a full window reads as that many). Until the first
     count, and where counting fails, the gauge is what the sidecar moved since it started.
 
+On MQTT (the MQTT sidecar) there is no broker count: a dead-letter topic's messages are
+held by the persistent session ``mqguard-dlq.<address>``
+(:func:`~mqguard.dlq.reader.session_client_id`), and MQTT shows a session's messages to
+that session only: a connection under any other client id sees none of them, and one
+under that client id takes the session from whoever holds it (an operator's ``mqguard
+dlq`` command, cut off mid-read or mid-retry). So the counter never connects there: the
+gauge is what the sidecar moved since it started, and ``mqguard dlq list`` gives the
+session's count.
+
 Label cardinality is bounded: the addresses ``mqguard.toml`` names and those the sidecar
 moves to, at most ``max_addresses`` (100); moves to further addresses are logged once and
 left out.
@@ -31,7 +40,7 @@ from prometheus_client.registry import Collector
 from mqguard import hookimpl
 from mqguard.adapter import Adapter
 from mqguard.context import HookContext
-from mqguard.dlq.reader import DEFAULT_WINDOW, open_dlq_adapter, peek
+from mqguard.dlq.reader import DEFAULT_WINDOW, is_mqtt, open_dlq_adapter, peek
 from mqguard.dlq.summary import configured_addresses
 from mqguard.message import Message
 from mqguard.pipeline import Guard
@@ -49,7 +58,18 @@ class DeadLetterDepth(Collector):
 
     def __init__(self, guard: Guard, url: str, *, interval_s: float = DEFAULT_INTERVAL_S,
                  max_addresses: int = MAX_ADDRESSES, window: int = DEFAULT_WINDOW,
-                 open_adapter: Callable[[str, str], Adapter] = open_dlq_adapter) -> None:
+                 open_adapter: Callable[[str, str], Adapter] = open_dlq_adapter,
+                 broker_counts: bool | None = None) -> None:
+        """``broker_counts``: whether :meth:`refresh` counts at the broker; by default
+        where that disturbs no one, which excludes MQTT (see the module doc: only the
+        dead-letter session can read its messages). ValueError for True on MQTT."""
+        if broker_counts is None:
+            broker_counts = not is_mqtt(url)
+        elif broker_counts and is_mqtt(url):
+            raise ValueError("no broker count of an MQTT dead-letter topic: only its "
+                             "mqguard-dlq session can read it, and connecting as that "
+                             "session takes it from an operator's `mqguard dlq`")
+        self.broker_counts = broker_counts
         self.guard = guard
         self.url = url
         self.interval_s = interval_s
@@ -86,7 +106,10 @@ class DeadLetterDepth(Collector):
     # -- broker counts ---------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Count every known address at the broker (errors are logged, not raised)."""
+        """Count every known address at the broker (errors are logged, not raised);
+        nothing without :attr:`broker_counts`."""
+        if not self.broker_counts:
+            return
         with self._lock:
             addresses = list(self._moved)
         for address in addresses:
@@ -108,8 +131,9 @@ class DeadLetterDepth(Collector):
     def run(self, stop: threading.Event) -> None:
         """:meth:`refresh` every ``interval_s`` until ``stop``, the first one ``interval_s``
         after the start: a count on RabbitMQ holds the messages for a moment, which a
-        sidecar's start (or a short-lived one) should not cost its broker."""
-        while not stop.wait(self.interval_s):
+        sidecar's start (or a short-lived one) should not cost its broker. Returns at
+        once without :attr:`broker_counts`."""
+        while self.broker_counts and not stop.wait(self.interval_s):
             self.refresh()
 
     def depth(self, address: str) -> int:

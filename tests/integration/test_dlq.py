@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 from mqguard_tests.dlq import BROKERS, Scenario, broker_url, write_toml
 
-from mqguard.cli.dlq import dlq
-from mqguard.message import ORIG_ADDRESS_HEADER
+from mqguard.cli.dlq import _when, dlq
+from mqguard.config import parse_config
+from mqguard.message import ORIG_ADDRESS_HEADER, SENT_AT_HEADER, now_ms
 from mqguard.servers import ServerHandle
 from mqguard.servers.ports import free_ports
 from mqguard.testing.waiting import wait_for
@@ -167,6 +168,74 @@ def test_retry_filters_dry_run_and_to(kind: str, request: pytest.FixtureRequest,
         out = json.loads(scenario.run("retry", scenario.dla, "--limit", "2", "--json"))
         assert out["retried"] == 2
     assert len(scenario.dla_contents()) == 1
+
+
+def _shown_with_times(scenario: Scenario, count: int) -> list[dict[str, Any]]:
+    """``dlq show``'s rows of the ``count`` dead letters, after checking that the text
+    output gives the same send and move times."""
+    rows = json.loads(scenario.run("show", scenario.dla, "--json"))["messages"]
+    assert len(rows) == count
+    text = scenario.run("show", scenario.dla)
+    for row in rows:
+        assert SENT_AT_HEADER not in row["headers"]  # the guard's field, shown as sent_at
+        assert (f"moved at {_when(row['moved_at'])}, original sent at "
+                f"{_when(row['sent_at'])}") in text
+    return rows
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_show_gives_the_original_send_time_of_mqguard_s_copies(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    """The guard stamps ``mqguard-sent-at`` at the first send (the address has a
+    dead-letter address), the dead-letter copy keeps it, ``show`` gives it."""
+    scenario = Scenario(kind, broker_url(kind, request), mqguard_unique_name, tmp_path)
+    before = now_ms()
+    scenario.dead_letter(3)
+    after = now_ms()
+    rows = _shown_with_times(scenario, 3)
+    for row in rows:
+        assert before <= row["sent_at"] <= row["moved_at"] <= after
+    sent = {e["message_id"]: e["ts"] for e in scenario.read_events() if e["type"] == "sent"}
+    assert {row["original_message_id"] for row in rows} == set(sent)
+
+
+@pytest.mark.parametrize("data_plane", ["python", "native-session"])
+@pytest.mark.parametrize("kind", [pytest.param("activemq", marks=pytest.mark.activemq),
+                                  pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
+def test_a_sidecar_send_s_dead_letter_shows_its_send_time(
+        kind: str, data_plane: str, request: pytest.FixtureRequest, tmp_path: Path,
+        mqguard_unique_name: str) -> None:
+    """A stock STOMP client through the sidecar: its SEND gets the send time (native
+    session plane too), the sidecar's move of the NACKed message carries it."""
+    import stomp  # type: ignore[import-untyped]
+
+    from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
+
+    url = broker_url(kind, request)
+    scenario = Scenario(kind, url, mqguard_unique_name, tmp_path)
+    sidecar = Sidecar(parse_config(scenario.config("sidecar")), parse_upstream(url))
+    frames: list[Any] = []
+    with SidecarThread(sidecar, data_plane=data_plane) as running:
+        conn = stomp.Connection12([("127.0.0.1", running.port)], vhost="/")
+        conn.set_listener("c", type("L", (stomp.ConnectionListener,), {
+            "on_message": lambda self, frame: frames.append(frame)})())
+        conn.connect("guest", "guest", wait=True)
+        try:
+            before = now_ms()
+            conn.send(f"/queue/{scenario.name}", "poison", receipt="sent")
+            conn.subscribe(f"/queue/{scenario.name}", id="s", ack="client-individual")
+            wait_for(lambda: frames, 10, "the message")
+            # The client sees the stamp as the message's own header (no guard beyond it).
+            assert before <= int(frames[0].headers[SENT_AT_HEADER]) <= now_ms()
+            conn.nack(frames[0].headers["ack"])
+            wait_for(lambda: scenario.dla_contents(), 10, "the dead letter")
+            after = now_ms()
+        finally:
+            conn.disconnect()
+    (row,) = _shown_with_times(scenario, 1)
+    assert row["sent_at"] == int(frames[0].headers[SENT_AT_HEADER])
+    assert before <= row["sent_at"] <= row["moved_at"] <= after
 
 
 @pytest.mark.activemq

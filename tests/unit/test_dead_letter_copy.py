@@ -9,7 +9,14 @@ from pathlib import Path
 from mqguard.config import parse_config
 from mqguard.consumer import GuardedConsumer
 from mqguard.errors import Nack
-from mqguard.message import ACTUAL_EXPIRY_HEADER, ORIG_MESSAGE_ID_HEADER, Message
+from mqguard.message import (
+    ACTUAL_EXPIRY_HEADER,
+    MOVED_AT_HEADER,
+    ORIG_MESSAGE_ID_HEADER,
+    SENT_AT_HEADER,
+    Message,
+    now_ms,
+)
 from mqguard.pipeline import Guard
 from mqguard.producer import GuardedProducer
 from mqguard.testing.loopback import LoopbackAdapter
@@ -53,3 +60,35 @@ def test_the_dead_letter_address_expiry_settings_are_not_applied_to_the_copy(
     sends the copy without running the send hooks, so a dead letter never expires."""
     _, dead = _dead_letter(tmp_path, {"expiry-delay": 5000, "max-expiry-delay": 5000})
     assert dead.expiration == 0
+
+
+def test_the_copy_carries_the_original_send_time(tmp_path: Path) -> None:
+    before = now_ms()
+    sent, dead = _dead_letter(tmp_path, {})
+    assert before <= sent.sent_at <= now_ms()  # stamped at the first guarded send
+    assert dead.sent_at == sent.sent_at  # kept by the copy, as Artemis keeps a timestamp
+    assert dead.wire_headers()[SENT_AT_HEADER] == str(sent.sent_at)
+    assert sent.sent_at <= int(dead.headers[MOVED_AT_HEADER])
+
+
+def test_the_send_time_is_stamped_once_and_only_where_a_move_can_happen(
+        tmp_path: Path) -> None:
+    config = parse_config({
+        "mqguard": {"event-log": {"directory": str(tmp_path / "events")}},
+        "address-settings": {"q": {"dead-letter-address": "DLA"},
+                             "e": {"auto-create-expiry-resources": True}}})
+    adapter = LoopbackAdapter()
+    with Guard(config) as guard:
+        producer = GuardedProducer(adapter, guard)
+        # Sent again (a forward, a resend): the first send time stays.
+        (again,) = [r.message for r in producer.send_batch(
+            [Message(address="q", body=b"a", sent_at=5)])]
+        assert again.sent_at == 5
+        batch = [result.message for result in producer.send_batch(
+            [Message(address=a, body=b"b") for a in ("q", "e", "plain", "q")])]
+        assert [bool(m.sent_at) for m in batch] == [True, True, False, True]
+        assert len({m.sent_at for m in batch if m.sent_at}) == 1  # one clock read a batch
+        # Nothing moves a message of "plain" anywhere: no header to pay for.
+        assert SENT_AT_HEADER not in batch[2].wire_headers()
+    received = {m.body: m for m in adapter.loop.drain("q")}
+    assert received[b"a"].sent_at == 5

@@ -24,12 +24,14 @@ from mqguard.dlq import (
 from mqguard.message import (
     ACTUAL_EXPIRY_HEADER,
     BRIDGE_DUPLICATE_ID_HEADER,
+    MESSAGE_ID_HEADER,
     MOVE_REASON_HEADER,
     MOVED_AT_HEADER,
     ORIG_ADDRESS_HEADER,
     ORIG_DELIVERY_COUNT_HEADER,
     ORIG_MESSAGE_ID_HEADER,
     ORIG_QUEUE_HEADER,
+    SENT_AT_HEADER,
     Message,
 )
 from mqguard.servers.ports import free_ports
@@ -76,6 +78,28 @@ def test_a_dead_letter_is_read_from_its_headers() -> None:
     assert _letter(**{ACTUAL_EXPIRY_HEADER: "2000"}).kind == "expired"
 
 
+def test_a_copy_carries_the_original_send_time() -> None:
+    # mqguard-sent-at: the guard's stamp of the original's send, kept by its copy.
+    message = Message.from_wire("orders.DLA", b"x", {
+        MESSAGE_ID_HEADER: "D" * 20, SENT_AT_HEADER: "900", MOVED_AT_HEADER: "1000",
+        ORIG_ADDRESS_HEADER: "orders"})
+    letter = DeadLetter.from_delivery(Delivery(message, "s", None), "orders.DLA")
+    assert (letter.sent_at, letter.moved_at, letter.age_ms(1500)) == (900, 1000, 500)
+    row = letter.to_json()
+    assert (row["sent_at"], row["moved_at"]) == (900, 1000)
+    assert SENT_AT_HEADER not in row["headers"]  # a field, not an application header
+    # Without the stamp (sent past mqguard, or to an address with no move target): None.
+    assert _letter().sent_at is None and _letter().to_json()["sent_at"] is None
+    # A malformed one is the application's header, not a time.
+    odd = Message.from_wire("orders.DLA", b"x", {SENT_AT_HEADER: "soon"})
+    letter = DeadLetter.from_delivery(Delivery(odd, "s", None), "orders.DLA")
+    assert letter.sent_at is None and letter.headers[SENT_AT_HEADER] == "soon"
+    # Its retried copy keeps it (Artemis's copy keeps the timestamp).
+    message.sent_at = 900
+    assert retry_copy(DeadLetter.from_delivery(Delivery(message, "s", None), "orders.DLA"),
+                      "orders", None).wire_headers()[SENT_AT_HEADER] == "900"
+
+
 def test_selection() -> None:
     letter = _letter()
     assert Selection().accepts(letter, 0)
@@ -113,6 +137,12 @@ def test_activemq_own_dead_letters_name_their_queue() -> None:
     # after it, at an unknown time).
     assert (letter.moved_at, letter.sent_at, letter.age_ms(1734)) == (None, 1234, 500)
     assert Selection.of(older_than_ms=500).accepts(letter, 1734)
+    # One sent through a guard carries the guard's stamp too, which is taken first.
+    stamped = Message(address="ActiveMQ.DLQ", body=b"x", broker_message_id="ID:2",
+                      sent_at=1200)
+    assert DeadLetter.from_delivery(Delivery(stamped, "s", None, raw_headers={
+        "original-destination": "/queue/orders", "timestamp": "1234"}),
+        "ActiveMQ.DLQ").sent_at == 1200
     # Retried to that queue under a new random id (no mqguard id to derive one from).
     copy = retry_copy(letter, "orders", None)
     assert copy.address == "orders" and copy.message_id and BRIDGE_DUPLICATE_ID_HEADER \
