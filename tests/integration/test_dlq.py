@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,6 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 from click.testing import CliRunner
 from mqguard_tests.dlq import BROKERS, Scenario, broker_url, write_toml
+from mqguard_tests.mqtt_raw import RawMqtt
+from mqguard_tests.mqtt_sidecar import running_mqtt_sidecar
 
 from mqguard.cli.dlq import _when, dlq
 from mqguard.config import parse_config
@@ -305,3 +308,120 @@ def _on_a_terminal(*args: str) -> tuple[int, str, str]:
     os.close(master)
     stdout, _ = proc.communicate(timeout=60)
     return proc.returncode, stdout, seen.decode(errors="replace")
+
+
+@pytest.mark.mosquitto
+def test_mqtt311_dead_letters_are_read_from_their_topic_and_retried_to_it(
+        mqguard_mosquitto_server: ServerHandle, tmp_path: Path, mqguard_unique_name: str
+        ) -> None:
+    """An MQTT 3.1.1 subscriber through the MQTT sidecar fails poison messages until they
+    are dead-lettered to ``<dla topic>/<count>/<original topic>`` (no properties): ``dlq
+    list`` counts them, ``show`` gives their original address and delivery count, ``retry``
+    sends each back to its original topic, where the fixed subscriber gets each once, and
+    the dead-letter address is empty after. The sidecar's metrics name the address."""
+    scenario = Scenario("mosquitto", mqguard_mosquitto_server.urls["mqtt"],
+                        mqguard_unique_name, tmp_path)
+    topic = scenario.name.replace(".", "/")
+    dla_topic = scenario.dla.replace(".", "/")
+    # The dead-letter session first: MQTT drops a publish no session subscribes to.
+    attached = CliRunner().invoke(dlq, ["attach", scenario.dla, "--url", scenario.url,
+                                        "-c", str(scenario.toml("dlq"))])
+    assert attached.exit_code == 0 and f"{scenario.dla}: attached" in attached.stdout
+    # What goes to the dead-letter topic, as published (MQTT 5: properties would show).
+    spy = RawMqtt(mqguard_mosquitto_server.port("mqtt"), f"{scenario.name}-spy")
+    spy.subscribe(f"{dla_topic}/#")
+    settings = scenario.config("sidecar")
+    settings["address-settings"][scenario.name]["max-delivery-attempts"] = 2
+    bodies = [f"poison-{i}".encode() for i in range(3)]
+
+    def count(kind: str) -> int:
+        return sum(e["type"] == kind and e.get("address") == scenario.name
+                   for e in scenario.read_events())
+
+    with running_mqtt_sidecar(parse_config(settings), mqguard_mosquitto_server,
+                              admin=("127.0.0.1", 0), broker="mosquitto") as running:
+        def device() -> RawMqtt:
+            return RawMqtt(running.port, f"{scenario.name}-device", version="3.1.1",
+                           clean=False)
+
+        sub = device()
+        sub.subscribe(topic)
+        pub = RawMqtt(running.port, f"{scenario.name}-p", version="3.1.1")
+        for i, body in enumerate(bodies):
+            pub.publish(topic, body, packet_id=i + 1)
+            pub.expect("PUBACK")
+        pub.disconnect()
+        for attempt in (1, 2):
+            got = [sub.expect("PUBLISH") for _ in bodies]
+            assert sorted(p.payload for p in got) == bodies, f"attempt {attempt}"
+            sub.drop()  # crashed while handling them
+            wait_for(lambda n=attempt: count("handler_failed") >= n * len(bodies), 20,
+                     f"the failures of attempt {attempt}")
+            if attempt == 1:
+                sub = device()
+        wait_for(lambda: count("dead_lettered") >= len(bodies), 20, "the dead letters")
+        admin = f"http://127.0.0.1:{running.sidecar.admin_port}/metrics"
+        with urllib.request.urlopen(admin, timeout=5) as response:
+            metrics = response.read().decode()
+        # Labelled by the dead-letter address, not by each letter's long topic.
+        assert f'mqguard_dla_moved_total{{address="{scenario.dla}"}} 3.0' in metrics
+        assert f'address="{scenario.dla}.' not in metrics
+        dead_ids = {e["message_id"] for e in scenario.read_events()
+                    if e["type"] == "dead_lettered" and e.get("address") == scenario.name}
+
+
+        listing = json.loads(scenario.run("list", "--json"))
+        (summary,) = [a for a in listing["addresses"] if a["address"] == scenario.dla]
+        assert summary["messages"] == 3
+        assert summary["by_original"] == {scenario.name: 3}
+        rows = json.loads(scenario.run("show", scenario.dla, "--json"))["messages"]
+        assert sorted(_body(row) for row in rows) == bodies
+        for row in rows:
+            assert row["in_topic"] and row["headers"] == {}
+            assert (row["address"], row["original_address"], row["delivery_count"]) == (
+                scenario.dla, scenario.name, 2)
+        # The original's id is the one the sidecar dead-lettered it under.
+        assert {row["original_message_id"] for row in rows} == dead_ids
+        # A dead letter's id is stable across reads: --id takes it.
+        (again,) = json.loads(scenario.run("show", scenario.dla, "--json",
+                                           "--limit", "1"))["messages"]
+        assert again["message_id"] in {row["message_id"] for row in rows}
+        dry = json.loads(scenario.run("retry", scenario.dla, "--id", again["message_id"],
+                                      "--dry-run", "--json"))
+        assert (dry["retried"], dry["by_target"]) == (1, {scenario.name: 1})
+
+        # The fixed subscriber is back (its session holds the topic): the originals were
+        # acknowledged upstream when they were dead-lettered, so nothing comes yet.
+        sub = device()
+        assert sub.collect("PUBLISH", 0.5) == []
+        out = json.loads(scenario.run("retry", scenario.dla, "--json"))
+        assert (out["retried"], out["no_origin"], out["by_target"]) == (
+            3, 0, {scenario.name: 3})
+        handled = []
+        for _ in bodies:
+            publish = sub.expect("PUBLISH")
+            assert publish.topic == topic
+            handled.append(publish.payload)
+            sub.ack(publish.packet_id)
+        assert sorted(handled) == bodies  # each once
+        assert sub.collect("PUBLISH", 1.0) == []
+        sub.disconnect()
+        sub = device()
+        assert sub.collect("PUBLISH", 0.5) == []  # acknowledged upstream: none comes back
+        sub.disconnect()
+
+    # Every dead letter was on its long topic, each seen once by the spy.
+    seen = spy.collect("PUBLISH", 0.5)
+    spy.disconnect()
+    assert sorted(p.topic for p in seen) == [f"{dla_topic}/2/{topic}"] * 3
+    assert not any(p.user_properties for p in seen)
+    # And the dead-letter address is empty.
+    listing = json.loads(scenario.run("list", "--json"))
+    (summary,) = [a for a in listing["addresses"] if a["address"] == scenario.dla]
+    assert summary["messages"] == 0
+    assert [e["type"] for e in scenario.read_events()].count("dlq_retried") == 3
+
+
+def _body(row: dict[str, Any]) -> bytes:
+    body = row["body"]
+    return body["text"].encode() if "text" in body else base64.b64decode(body["base64"])
