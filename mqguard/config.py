@@ -84,11 +84,19 @@ class SidecarConfig(_Section):
     #: Also send ActiveMQ's native ``expires`` (ActiveMQ then expires messages to
     #: ActiveMQ.DLQ itself, before mqguard's expiry address sees them).
     native_expiry: bool = False
-    #: Who owns the sockets: ``python`` (asyncio protocols) or ``native`` (the Rust
-    #: extension's tokio runtime; docs/sidecar.md, "Data planes"). The session logic
-    #: is the same on both. ``native-session`` (experimental) runs the session logic in
-    #: the runtime too, the guard called once per read batch.
-    data_plane: Literal["python", "native", "native-session"] = "python"
+    #: The data plane: ``native``, the only one (sockets, framing and sessions in the
+    #: Rust runtime, the guard called once per read batch; docs/sidecar.md, "Data plane").
+    #: ``native-session``, its earlier name, is accepted too.
+    data_plane: Literal["native", "native-session"] = "native"
+
+    @field_validator("data_plane", mode="before")
+    @classmethod
+    def _no_python_plane(cls, value: object) -> object:
+        if value == "python":
+            raise ValueError("the python data plane was removed: the sidecar's sessions run "
+                             "in the native runtime; remove data-plane or set it to "
+                             "\"native\"")
+        return value
 
 
 #: Artemis ``MessageLoadBalancingType`` values (cluster-connection ``message-load-balancing``).

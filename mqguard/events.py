@@ -318,19 +318,26 @@ class EventLog:
 
     def _convert_segments(self) -> None:
         _lower_thread_priority()
-        if self._rotated_format == "parquet":
-            import pyarrow.json
-            import pyarrow.parquet  # noqa: F401 - imported here, used by _to_parquet
         while (segment := self._segments.get()) is not None:
             try:
+                if self._rotated_format == "parquet":
+                    # Imported at first use, inside the try: an import that fails (out of
+                    # descriptors, say) is tried again at the next segment instead of
+                    # ending this thread.
+                    import pyarrow.json
+                    import pyarrow.parquet  # noqa: F401 - used by _to_parquet
                 self._convert(segment)
-            except Exception:
+            except Exception as exc:
                 # It stays JSONL, which every reader reads: nothing is lost.
-                _log.warning("event-log segment %s not converted; kept as JSONL", segment,
-                             exc_info=True)
+                _log.warning("event-log segment %s not converted (%s: %s); kept as JSONL",
+                             segment, type(exc).__name__, exc)
+                _log.debug("event-log segment %s not converted", segment, exc_info=True)
             if self._backup_count:
-                for old in self._rotated_files()[: -self._backup_count]:
-                    old.unlink(missing_ok=True)
+                try:
+                    for old in self._rotated_files()[: -self._backup_count]:
+                        old.unlink(missing_ok=True)
+                except OSError as exc:
+                    _log.warning("old event-log segments not pruned: %s", exc)
 
     def _convert(self, segment: Path) -> None:
         """The JSONL ``segment`` as Parquet or ``.jsonl.gz``, written under a temporary

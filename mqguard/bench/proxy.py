@@ -136,8 +136,6 @@ class ProxyCase:
     runs: dict[str, list[float]] = field(default_factory=dict)
     #: The sidecar's event loop: ``asyncio`` or ``uvloop`` (:mod:`mqguard.sidecar.eventloop`).
     event_loop: str = "asyncio"
-    #: Who owns the sidecar's sockets: ``python`` or ``native`` (docs/sidecar.md).
-    data_plane: str = "python"
     #: Per baseline measured (``--baselines``): the same figures through it, ratios and
     #: added latencies against the direct path of the same rounds (see :data:`BASELINES`).
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -193,11 +191,11 @@ def sidecar_settings(store_url: str, events_dir: str, *, bare: bool = False
 
 @contextmanager
 def running_sidecar(upstream_url: str, store_url: str, mode: str = "thread",
-                    event_loop: str = "auto", *, bare: bool = False,
-                    data_plane: str = "python") -> Iterator[RunningSidecar]:
+                    event_loop: str = "auto", *, bare: bool = False
+                    ) -> Iterator[RunningSidecar]:
     """A sidecar in front of ``upstream_url`` (:func:`sidecar_settings`), on a thread of
-    this process or as a process of its own, on the ``event_loop`` and ``data_plane``
-    given (:mod:`mqguard.sidecar.eventloop`, docs/sidecar.md "Data planes")."""
+    this process or as a process of its own, with the ``event_loop`` given
+    (:mod:`mqguard.sidecar.eventloop`)."""
     if mode not in SIDECAR_MODES:
         raise ValueError(f"sidecar mode must be one of {SIDECAR_MODES}, not {mode!r}")
     with tempfile.TemporaryDirectory(prefix="mqguard-bench-proxy-") as tmp:
@@ -207,8 +205,7 @@ def running_sidecar(upstream_url: str, store_url: str, mode: str = "thread",
 
             config = parse_config({"mqguard": settings}, "mqguard bench proxy")
             sidecar = Sidecar(config, parse_upstream(upstream_url), listen=("127.0.0.1", 0))
-            with SidecarThread(sidecar, event_loop=event_loop,
-                               data_plane=data_plane) as running:
+            with SidecarThread(sidecar, event_loop=event_loop) as running:
                 loop_thread = next((t for t in threading.enumerate()
                                     if t.name == "mqguard-sidecar"), None)
                 task = (f"/proc/self/task/{loop_thread.native_id}/stat"
@@ -216,8 +213,7 @@ def running_sidecar(upstream_url: str, store_url: str, mode: str = "thread",
                 yield RunningSidecar(_with_port(upstream_url, running.port),
                                      lambda: _proc_cpu_seconds(task))
         else:
-            with _sidecar_process(upstream_url, settings, Path(tmp), event_loop,
-                                  data_plane) as proc:
+            with _sidecar_process(upstream_url, settings, Path(tmp), event_loop) as proc:
                 port = _wait_for_listening(proc, Path(tmp) / "sidecar.log", SIDECAR_READY)
                 stat = f"/proc/{proc.pid}/stat"
                 yield RunningSidecar(_with_port(upstream_url, port),
@@ -260,13 +256,11 @@ SIDECAR_READY = "mqguard sidecar listening on "
 
 @contextmanager
 def _sidecar_process(upstream_url: str, settings: dict[str, Any], tmp: Path,
-                     event_loop: str, data_plane: str = "python"
-                     ) -> Iterator[subprocess.Popen[bytes]]:
+                     event_loop: str) -> Iterator[subprocess.Popen[bytes]]:
     config = tmp / "mqguard.toml"
     config.write_text(_toml({"mqguard": settings}))
     command = [sys.executable, "-m", "mqguard.cli", "sidecar", "--listen", "127.0.0.1:0",
-               "--upstream", upstream_url, "-c", str(config), "--event-loop", event_loop,
-               "--data-plane", data_plane]
+               "--upstream", upstream_url, "-c", str(config), "--event-loop", event_loop]
     with _process(command, tmp / "sidecar.log") as proc:
         yield proc
 
@@ -436,8 +430,7 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
              messages: int, size: int, rounds: int, latency_samples: int, batch: int = 100,
              prefetch: int = 100, warmup: int = 500, sidecar_mode: str = "process",
              event_loop: str = "auto", baselines: Sequence[str] = (),
-             progress: Callable[[str], None] | None = None,
-             data_plane: str = "python") -> ProxyCase:
+             progress: Callable[[str], None] | None = None) -> ProxyCase:
     """Measure one broker: send, consume and latency, direct vs through a sidecar (and
     through each of ``baselines``, see :data:`BASELINES`, in the same rounds)."""
     unknown = set(baselines) - set(BASELINES)
@@ -450,12 +443,11 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
         side: {"send": [], "consume": [], "latency": []} for side in sides[1:]}
     with contextlib.ExitStack() as stack:
         sidecar = stack.enter_context(running_sidecar(broker_url, store_url, sidecar_mode,
-                                                      event_loop, data_plane=data_plane))
+                                                      event_loop))
         paths = {"proxy": sidecar}
         if "bare" in baselines:
             paths["bare"] = stack.enter_context(running_sidecar(
-                broker_url, store_url, sidecar_mode, event_loop, bare=True,
-                data_plane=data_plane))
+                broker_url, store_url, sidecar_mode, event_loop, bare=True))
         if "relay" in baselines:
             paths["relay"] = stack.enter_context(running_relay(broker_url, event_loop))
         urls = {"direct": broker_url, **{side: path.url for side, path in paths.items()}}
@@ -551,7 +543,6 @@ def run_case(broker: str, broker_url: str, store_name: str, store_url: str, *,
               "proxy_consume_per_s": consumes["proxy"],
               "direct_p99_ms": p99s["direct"], "proxy_p99_ms": p99s["proxy"]},
         event_loop=resolve_loop(event_loop),
-        data_plane=data_plane,
         baselines={side: {
             "send_per_s": send_rate[side],
             "send_ratio": _ratio(send_rate[side], direct_send),

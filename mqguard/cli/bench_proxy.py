@@ -15,7 +15,6 @@ from mqguard.errors import MqguardError
 from mqguard.servers.ensure import server_urls
 from mqguard.sidecar.eventloop import LOOP_KINDS
 from mqguard.sidecar.eventloop import resolve as resolve_loop
-from mqguard.sidecar.native_plane import DATA_PLANES
 
 BROKERS = ("activemq", "rabbitmq")
 
@@ -63,17 +62,13 @@ BROKERS = ("activemq", "rabbitmq")
                    "disabled, no event log) and a do-nothing TCP relay, to split the "
                    "sidecar's cost into the hop, the relaying and the guarantees (slower: "
                    "four paths per round instead of two).")
-@click.option("--data-plane", "data_plane", type=click.Choice(DATA_PLANES), default="python",
-              show_default=True, envvar="MQGUARD_DATA_PLANE", show_envvar=True,
-              help="Who owns the sidecar's sockets (and the bare baseline's): python "
-                   "(asyncio) or native (the Rust extension's tokio runtime).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write the results as JSON to this file.")
 def proxy(protocol: str, mosquitto_url: str | None, brokers: tuple[str, ...],
           activemq_url: str | None, rabbitmq_url: str | None,
           store: str, redis_url: str | None, sidecar_mode: str, event_loop: str, messages: int,
           size: int, batch: int, prefetch: int, rounds: int, latency_samples: int, warmup: int,
-          baselines: bool, data_plane: str, json_path: str | None) -> None:
+          baselines: bool, json_path: str | None) -> None:
     """Send / consume throughput and added latency of the sidecar, per broker."""
     if protocol == "mqtt":
         from mqguard.cli.bench_proxy_mqtt import run_mqtt_bench
@@ -101,11 +96,10 @@ def proxy(protocol: str, mosquitto_url: str | None, brokers: tuple[str, ...],
                             batch=batch, prefetch=prefetch, warmup=warmup,
                             sidecar_mode=sidecar_mode, event_loop=event_loop,
                             baselines=BASELINES if baselines else (),
-                            progress=lambda text: click.echo(text, err=True),
-                            data_plane=data_plane)
+                            progress=lambda text: click.echo(text, err=True))
             cases.append(case.to_json())
     print_table(f"mqguard bench proxy (store {store}, sidecar on a {sidecar_mode}, "
-                f"{loop_name} loop, {data_plane} data plane; "
+                f"{loop_name} loop; "
                 "throughput: median of rounds, latency: pooled rounds)",
                 [row for case in cases for row in table_rows(case)],
                 ["broker", "figure", "direct", "proxy", "result", "goal", "met"])
@@ -119,7 +113,6 @@ def proxy(protocol: str, mosquitto_url: str | None, brokers: tuple[str, ...],
                                           "warmup": warmup, "store": store,
                                           "sidecar": sidecar_mode,
                                           "event_loop": loop_name,
-                                          "data_plane": data_plane,
                                           "baselines": list(BASELINES) if baselines
                                           else []},
                            "goals": GOALS, "cases": cases})

@@ -13,7 +13,6 @@ from mqguard.cli.serving import serve_until_signalled
 from mqguard.config import load_config
 from mqguard.errors import MqguardError
 from mqguard.sidecar.eventloop import LOOP_KINDS, loop_factory
-from mqguard.sidecar.native_plane import DATA_PLANES
 from mqguard.sidecar.server import Sidecar, parse_hostport, parse_upstream
 
 
@@ -65,16 +64,10 @@ class JsonLogFormatter(logging.Formatter):
               show_default=True,
               help="asyncio's own loop, or uvloop (faster; mqguard[sidecar] installs it). "
                    "auto: uvloop when installed.")
-@click.option("--data-plane", "data_plane", type=click.Choice(DATA_PLANES), default=None,
-              help="Who owns the sockets: python (asyncio) or native (the Rust extension's "
-                   "tokio runtime; docs/sidecar.md, \"Data planes\"); native-session "
-                   "(experimental): the sessions run in that runtime too, the guard called "
-                   "per read batch. Default: [mqguard.sidecar] data-plane (python).")
 def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
             upstream_insecure: bool, reap_addresses: tuple[str, ...],
-            redistribute_groups: tuple[str, ...], log_format: str, event_loop: str,
-            data_plane: str | None) -> None:
+            redistribute_groups: tuple[str, ...], log_format: str, event_loop: str) -> None:
     """Run the transparent STOMP (or, with --protocol mqtt, MQTT) proxy in front of a broker.
 
     Unmodified STOMP 1.0-1.2 clients connect here instead of to the broker and get
@@ -90,8 +83,7 @@ def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, 
     if protocol == "mqtt":
         from mqguard.cli.sidecar_mqtt import refuse_stomp_options, run_mqtt_sidecar
 
-        refuse_stomp_options(reap=reap_addresses, redistribute=redistribute_groups,
-                             data_plane=data_plane)
+        refuse_stomp_options(reap=reap_addresses, redistribute=redistribute_groups)
 
         run_mqtt_sidecar(listen=listen, upstream=upstream, config_path=config_path,
                          admin=admin, event_loop=event_loop,
@@ -118,7 +110,6 @@ def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, 
     try:
         proxy = Sidecar(config, target, listen=listen_on, admin=admin_on, tls=tls,
                         reap_addresses=reap_addresses, redistribute=redistribute_groups,
-                        data_plane=data_plane,
                         tls_files=(tls_cert, tls_key) if tls_cert and tls_key else None)
     except MqguardError as exc:
         raise click.ClickException(str(exc)) from None

@@ -16,15 +16,13 @@ from mqguard.sidecar.server import parse_hostport
 __all__ = ["refuse_stomp_options", "run_mqtt_sidecar"]
 
 
-def refuse_stomp_options(*, reap: tuple[str, ...], redistribute: tuple[str, ...],
-                         data_plane: str | None) -> None:
+def refuse_stomp_options(*, reap: tuple[str, ...], redistribute: tuple[str, ...]) -> None:
     """The options of the STOMP sidecar that mean nothing with ``--protocol mqtt`` are
     refused rather than silently ignored."""
-    given = [name for name, value in (("--reap", reap), ("--redistribute", redistribute),
-                                      ("--data-plane", data_plane)) if value]
+    given = [name for name, value in (("--reap", reap), ("--redistribute", redistribute))
+             if value]
     if given:
-        raise click.UsageError(f"{', '.join(given)}: STOMP sidecar only (the MQTT sidecar "
-                               "always runs on the native plane)")
+        raise click.UsageError(f"{', '.join(given)}: STOMP sidecar only")
 
 
 def run_mqtt_sidecar(*, listen: str, upstream: str, config_path: str | None,

@@ -1,18 +1,17 @@
 """File descriptors: how many sessions the process's limit on open files allows.
 
-Each session holds up to :data:`FDS_PER_SESSION` descriptors: the client's socket,
-the broker's socket, and a duplicate of the broker's socket that re-arms TCP
-quick-acks (:class:`~mqguard.sidecar.connection.QuickAck`; ActiveMQ only). With the
-common soft limit of 1024 that is about 330 sessions, not the 1024 of
-``max-connections``: past it, ``accept()`` and the broker connection fail with
+Each session holds :data:`FDS_PER_SESSION` descriptors: the client's socket, the
+broker's socket, and a duplicate of the broker's that the native runtime re-arms TCP
+quick-acks through (``native/src/transport/leg.rs``). With the common soft limit of 1024
+that is about 330 sessions, not the 1024 of ``max-connections``: past it, ``accept()`` and the broker connection fail with
 EMFILE, and clients used to be dropped without a word. So at start the sidecar
 raises its soft limit to the hard one (what any process may do), admits no more
 sessions than the limit allows (the others get an ERROR frame like any refused
 client), and warns when that is fewer than ``max-connections``.
 
-:class:`SpareDescriptor` keeps one descriptor in reserve, so that even when
-something else used up the limit (the store, the event log, the reaper) a client
-that could not be accepted is still accepted, told why, and closed.
+The native runtime keeps one descriptor in reserve, so that even when something else
+used up the limit (the store, the event log, the reaper) a client that could not be
+accepted is still accepted, told why, and closed.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-#: Descriptors one session may hold: client socket, broker socket, quick-ack duplicate.
+#: Descriptors one session holds: client socket, broker socket, quick-ack duplicate.
 FDS_PER_SESSION: Final = 3
 #: Descriptors kept free for everything that is not a session: the store's and the
 #: reaper's connections, event-log files, the admin port, refusals in progress.
@@ -79,32 +78,3 @@ def descriptor_budget(max_connections: int) -> DescriptorBudget:
     else:
         room = max(1, (soft - in_use - RESERVED_FDS) // FDS_PER_SESSION)
     return DescriptorBudget(soft, hard, raised_from, in_use, min(max_connections, room))
-
-
-class SpareDescriptor:
-    """One descriptor held back, released for a moment to accept and refuse a client
-    when the process is out of descriptors (the accept would fail otherwise)."""
-
-    __slots__ = ("_fd",)
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self.take()
-
-    def take(self) -> None:
-        """Hold the spare descriptor again (no-op if held; still none if none is free)."""
-        if self._fd is None:
-            with contextlib.suppress(OSError):
-                self._fd = os.open(os.devnull, os.O_RDONLY)
-
-    def release(self) -> bool:
-        """Free the spare descriptor; False if there was none to free."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return False
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        return True
-
-    def close(self) -> None:
-        self.release()

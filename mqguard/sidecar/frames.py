@@ -86,6 +86,7 @@ __all__ = [
     "encode_bodiless",
     "encode_heartbeat",
     "encode_one_header",
+    "limits_tuple",
     "send_refusal",
     "wire_of",
     "with_plain_header",
@@ -136,6 +137,12 @@ class FrameLimits:
         head = self.max_command_bytes + 2 + lines + 2
         return min(head, self.max_frame_bytes)
 
+
+
+def limits_tuple(limits: FrameLimits) -> tuple[int, int, int, int]:
+    """``limits`` as the native runtime's decoders take them."""
+    return (limits.max_frame_bytes, limits.max_header_count, limits.max_header_line_bytes,
+            limits.max_command_bytes)
 
 
 class FrameError(MqguardError):

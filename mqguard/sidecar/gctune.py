@@ -1,23 +1,21 @@
 """Garbage-collector settings for a process that is a sidecar.
 
-Every relayed message allocates a few dozen short-lived container objects (frames,
-header lists and dicts, the guard's ``Message``, ``Delivery`` and context). Nearly all
+Every guarded message allocates short-lived container objects in Python (its batch's
+plain data, the guard's ``Message``, ``Delivery`` and context, the verdicts). Nearly all
 die by reference counting, yet the cyclic collector runs whenever 700 more container
-objects were allocated than freed. Frames fed to a ``ProxySession`` in-process, 100,000
-messages (sends and consumes): 570 young, 52 middle and 5 full collections, 0.46-0.62 s
-of CPU, 7-9% of the total (measured with ``gc.callbacks``). With the young
+objects were allocated than freed. When frames were also parsed into Python objects,
+100,000 messages (sends and consumes) made 570 young, 52 middle and 5 full collections,
+0.46-0.62 s of CPU, 7-9% of the total (measured with ``gc.callbacks``). With the young
 generation's threshold at 10,000 and start-up objects frozen: 1-2 collections,
 0.04-0.05 s. Cycles (asyncio's tasks and exceptions make some) are still collected, a
 little later. :meth:`GcTuning.apply` freezes what start-up created (modules, plugins,
 configuration), so the collector never traverses those again.
 
-A collection that comes later must not decide when memory comes back, though: an
-ended session used to sit in reference cycles (its receipt chain, upstream leg and
-connections call back into it) with up to ``max-frame-bytes`` buffered per leg, and
-under the raised threshold 20 sessions ended mid-way through 12 MiB frames kept
-200 MB resident until enough other objects had been allocated. Sessions therefore
-break their cycles when they end (``ProxySession._break_cycles``,
-``FrameConnection.release``) and are freed by reference counting, at once.
+A collection that comes later must not decide when memory comes back, though: a
+session's buffers (up to ``max-frame-bytes`` per leg) are the runtime's and freed when
+it ends, and its Python side (``BridgedSession``, its ``UpstreamLeg``) is released when
+the runtime reports the end, by reference counting
+(``tests/integration/test_sidecar_handshake_flood.py`` checks both without the collector).
 
 Only a sidecar that owns its process applies this (:class:`~mqguard.sidecar.server.Sidecar`
 running on the main thread, as ``mqguard sidecar`` does); one hosted on a thread of

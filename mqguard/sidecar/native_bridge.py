@@ -1,4 +1,4 @@
-"""The ``native-session`` data plane's Python side: the guard, called once per batch.
+"""The native data plane's Python side: the guard, called once per batch.
 
 Each client connection is a session in the extension's tokio runtime
 (``native/src/session``): it parses both legs' frames, keeps subscriptions, ack modes,
@@ -37,9 +37,8 @@ from mqguard.context import HookContext
 from mqguard.errors import AdapterError, Nack
 from mqguard.message import Message, new_message_id
 from mqguard.pipeline import SendResult, TransactionState
-from mqguard.sidecar.frames import Frame, FrameLimits, encode, send_refusal
+from mqguard.sidecar.frames import Frame, FrameLimits, encode, limits_tuple, send_refusal
 from mqguard.sidecar.guarding import message_of_send
-from mqguard.sidecar.native_connection import limits_tuple
 from mqguard.sidecar.native_oversized import OversizedItem, settle_oversized
 from mqguard.sidecar.native_transactions import BridgedTransaction, TransactionFrames
 from mqguard.sidecar.native_verdicts import (
@@ -86,7 +85,7 @@ __all__ = ["BridgedSession", "NativeClient", "NativeSessionHandle", "NativeSessi
 
 log = logging.getLogger("mqguard.sidecar")
 
-#: Seconds the sessions may take to end beyond the drain timeout (the Python plane's too).
+#: Seconds the sessions may take to end beyond the drain timeout.
 STOP_GRACE = 3.0
 
 #: ``Plane.drain()``'s event kind of a client the runtime refused itself
@@ -106,15 +105,15 @@ class NativeClient:
 
 class NativeSessionHandle:
     """A native session as the sidecar counts it (``Sidecar.sessions``), from its accept
-    to its end, handshake included. Weakly referable, as a ProxySession is, so that what
-    an ended session leaves alive can be checked on either plane."""
+    to its end, handshake included. Weakly referable, so that a test can check that an
+    ended session leaves nothing alive."""
 
     __slots__ = ("__weakref__", "_client", "label", "peer")
 
     def __init__(self, session_id: int, peer: str) -> None:
         self.label = f"n{session_id}"
         self.peer = peer
-        #: Named as ProxySession's client connection.
+        #: The client connection, as a test looks for it.
         self._client = NativeClient(peer)
 
     def shutdown(self) -> None:
@@ -176,7 +175,7 @@ class BridgedSession:
 
 
 class NativeSessions:
-    """The native-session plane of one sidecar: the runtime, its sessions' guard state."""
+    """The native data plane of one sidecar: the runtime, its sessions' guard state."""
 
     def __init__(self, sidecar: Sidecar, loop: asyncio.AbstractEventLoop) -> None:
         from mqguard_native import Plane
@@ -231,7 +230,7 @@ class NativeSessions:
         settle (``timeout``: the drain timeout), tells its client with an ERROR and ends;
         then stop the runtime (sessions still open then are dropped) and stop watching it."""
         # The sessions end on the runtime's thread, which calls the guard meanwhile (the
-        # GIL is given up while waiting); as long as the Python plane waits for its own.
+        # GIL is given up while waiting).
         left = self.plane.stop_sessions(int((timeout + STOP_GRACE) * 1000))
         if left:
             log.warning("%d native session(s) had not ended %.1f s after the sidecar began "
@@ -422,7 +421,8 @@ class NativeSessions:
     def _sends(self, session: BridgedSession,
                items: list[tuple[int, str, str | None, list[tuple[str, str]], bytes]]
                ) -> list[Verdict]:
-        """The SENDs of one read, decided as one batch (see ProxySession._on_sends)."""
+        """The SENDs of one read, decided as one batch (``Guard.decide_sends``); at an ERROR
+        nothing behind it is forwarded and what the batch reserved for those is released."""
         guard = self.guard
         messages = [message_of_send(body, destination, dict(headers),
                                     producer_id=session.producer_id,

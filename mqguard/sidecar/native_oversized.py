@@ -1,11 +1,11 @@
-"""A MESSAGE over the broker leg's limits, on the ``native-session`` data plane.
+"""A MESSAGE over the broker leg's limits.
 
 The broker leg's limits admit every MESSAGE of a SEND the client leg admitted
 (:func:`~mqguard.sidecar.frames.broker_leg_limits`), so such a MESSAGE was put on the
 queue some other way. The native session never gives it to the client, and it must not
 end the session either: left unacknowledged it would come back to every consumer of the
 queue. It hands it here as plain data (``native/src/session/run/oversized.rs``), and it
-is settled as the Python plane settles it (``ProxySession._on_oversized``): with its body
+is settled here: with its body
 at hand (too many headers, a header line too long) and a dead-letter target for the
 queue, the guard opens it and moves it there. Otherwise (a body over ``max_frame_bytes``
 is never kept, so no copy can be made; no target; a copy the broker would refuse) the

@@ -3,9 +3,8 @@
 BEGIN, COMMIT, ABORT and the SENDs and ACK/NACKs inside a transaction come to the
 bridge one at a time (a ``TX`` batch); the verdicts are actions the native session
 applies in order (see :mod:`mqguard.sidecar.native_verdicts`). The guard's view of the
-transaction follows the client's as on the Python session
-(:class:`~mqguard.sidecar.session.ProxySession`): a transaction made rollback-only (a
-duplicate inside it) is aborted at the broker and its COMMIT answered with an ERROR.
+transaction follows the client's: a transaction made rollback-only (a duplicate inside
+it) is aborted at the broker and its COMMIT answered with an ERROR.
 """
 
 from __future__ import annotations

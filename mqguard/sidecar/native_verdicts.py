@@ -1,4 +1,4 @@
-"""The plain data of the native-session bridge: batch kinds and verdict codes, as
+"""The plain data of the native data plane's bridge: batch kinds and verdict codes, as
 ``native/src/session/bridge.rs`` defines them."""
 
 from __future__ import annotations

@@ -1,35 +1,31 @@
 """The sidecar process: listener, sessions, admin port, expiry reaper, shutdown.
 
-:class:`Sidecar` runs on one asyncio event loop. Each client connection is a
-:class:`~mqguard.sidecar.session.ProxySession`; one failing never disturbs
-the others. The guard (store, event log, plugins) is shared by all sessions;
-its redelivery timer is the sidecar's redelivery scheduler. The expiry reaper
-runs on a thread of its own over a separate broker connection, and so does the
-redistributor of each broker group given with ``redistribute``
-(docs/load-balancing.md).
+Each client connection is a session of the native runtime (``mqguard_native``: its
+sockets, framing and per-frame state in Rust, see :mod:`mqguard.sidecar.native_bridge`);
+one failing never disturbs the others. The guard (store, event log, plugins) is shared
+by all sessions and called once per read batch on the runtime's thread; its redelivery
+timer is the sidecar's redelivery scheduler. :class:`Sidecar` itself runs on an asyncio
+event loop that serves the admin port and signals. The expiry reaper runs on a thread of
+its own over a separate broker connection, and so does the redistributor of each broker
+group given with ``redistribute`` (docs/load-balancing.md).
 
-Guard decisions run on the event loop: with a Redis store every SEND and
-MESSAGE costs one Redis round trip at most (usually none, see the plugins), and
-a slow Redis slows every connection of this sidecar alike. Run several sidecars
-(they share one Redis) to spread that.
+With a Redis store every batch of SENDs or MESSAGEs costs one Redis round trip at most
+(usually none, see the plugins), and a slow Redis slows every connection of this sidecar
+alike. Run several sidecars (they share one Redis) to spread that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import functools
 import json
 import logging
-import os
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mqguard.config import MqguardConfig, SidecarConfig
 from mqguard.errors import ConfigError
@@ -43,32 +39,19 @@ from mqguard.sidecar.admin import (
     linger_and_close,
     read_request_line,
 )
-from mqguard.sidecar.connection import FrameConnection
 from mqguard.sidecar.eventloop import loop_factory
-from mqguard.sidecar.fdlimit import FDS_PER_SESSION, SpareDescriptor, descriptor_budget
-from mqguard.sidecar.frames import (
-    CLIENT_COMMANDS,
-    Frame,
-    FrameDecoder,
-    FrameLimits,
-    broker_leg_limits,
-    encode,
-)
+from mqguard.sidecar.fdlimit import FDS_PER_SESSION, descriptor_budget
+from mqguard.sidecar.frames import Frame, FrameLimits, broker_leg_limits, encode
 from mqguard.sidecar.gctune import GcTuning
 from mqguard.sidecar.malloctune import fix_mmap_threshold
-from mqguard.sidecar.metrics import Count, SidecarMetrics
+from mqguard.sidecar.metrics import SidecarMetrics
 from mqguard.sidecar.native_bridge import NativeSessionHandle, NativeSessions
-from mqguard.sidecar.native_connection import NativeConnection, NativeTransport
-from mqguard.sidecar.native_plane import DATA_PLANES, NativePlane
-from mqguard.sidecar.session import ProxySession
 from mqguard.stomp_brokers import DEFAULT_PORTS, address_of
 
 log = logging.getLogger("mqguard.sidecar")
 
 #: Addresses the reaper learns from traffic, at most (configured ones always count).
 MAX_WATCHED_ADDRESSES = 10_000
-#: Errors of accept() that mean the process (or system) is out of descriptors or memory.
-_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: Seconds between two log lines about clients refused for want of descriptors.
 _FD_WARNING_INTERVAL = 30.0
 
@@ -129,11 +112,10 @@ class Sidecar:
                  reap_addresses: Sequence[str] = (),
                  guard: Guard | None = None,
                  redistribute: Sequence[str] = (),
-                 data_plane: str | None = None,
                  tls_files: tuple[str, str] | None = None) -> None:
-        """``data_plane``: ``python`` or ``native`` (default: the ``data-plane`` setting);
-        ``tls_files``: the certificate and key files of ``tls`` (the native plane serves
-        TLS with rustls, which cannot use an ``ssl.SSLContext``)."""
+        """``tls``: clients connect with TLS, served from ``tls_files``, the certificate
+        and key files (the runtime serves TLS with rustls, which cannot use an
+        ``ssl.SSLContext``)."""
         self.mqguard_config = config
         self.config: SidecarConfig = config.core.sidecar
         self.upstream = upstream
@@ -141,16 +123,10 @@ class Sidecar:
         self.admin_on = admin
         self.tls = tls
         self.tls_files = tls_files
-        self.data_plane = data_plane or config.core.sidecar.data_plane
-        if self.data_plane not in DATA_PLANES:
-            raise ConfigError(f"data-plane must be one of {', '.join(DATA_PLANES)}, "
-                              f"got {self.data_plane!r}")
-        if self.data_plane != "python" and tls is not None and tls_files is None:
-            raise ConfigError(f"data-plane = {self.data_plane} serves TLS from the certificate "
-                              "and key files (--tls-cert / --tls-key)")
-        #: The tokio runtime of the native data plane, while it runs.
-        self.native: NativePlane | None = None
-        #: The runtime of the native-session data plane, while it runs.
+        if tls is not None and tls_files is None:
+            raise ConfigError("the sidecar serves TLS from the certificate and key files "
+                              "(--tls-cert / --tls-key)")
+        #: The native runtime serving the sessions, while it runs.
         self.native_sessions: NativeSessions | None = None
         self.limits = FrameLimits(max_frame_bytes=self.config.max_frame_bytes,
                                   max_header_count=self.config.max_header_count,
@@ -160,8 +136,8 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self._owns_guard = guard is None
         self.guard = guard if guard is not None else Guard(config, role="sidecar")
-        #: Client sessions open now, on whichever data plane serves them.
-        self.sessions: set[ProxySession | NativeSessionHandle] = set()
+        #: Client sessions open now.
+        self.sessions: set[NativeSessionHandle] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._admin: asyncio.Server | None = None
         self._stopping = False
@@ -181,28 +157,13 @@ class Sidecar:
         #: Sessions served at once: max-connections, or fewer if the limit on open files
         #: does not allow that many (set at start, see fdlimit).
         self.max_sessions = self.config.max_connections
-        #: Sessions still waiting for their CONNECT, oldest first (see _accept).
-        self._handshakes: dict[ProxySession, None] = {}
+        #: Sessions that may wait for their CONNECT at once (the runtime evicts the
+        #: oldest to make room, see native/src/transport/admission.rs).
         self.max_handshakes = self._handshake_budget()
-        self._listeners: list[socket.socket] = []
-        self._accept_tasks: list[asyncio.Task[None]] = []
-        #: Accepted sockets whose transport (and TLS handshake) is still being set up.
-        self._setting_up = 0
-        self._spare: SpareDescriptor | None = None
         self._fd_refusals = 0
         self._fd_warned_at = 0.0
 
     # -- start / stop --------------------------------------------------------------------
-
-    def use_data_plane(self, data_plane: str) -> None:
-        """Serve on ``data_plane`` (``python`` or ``native``); before :meth:`start`."""
-        if data_plane not in DATA_PLANES:
-            raise ConfigError(f"data-plane must be one of {', '.join(DATA_PLANES)}, "
-                              f"got {data_plane!r}")
-        if data_plane != "python" and self.tls is not None and self.tls_files is None:
-            raise ConfigError(f"data-plane = {data_plane} serves TLS from the certificate "
-                              "and key files (--tls-cert / --tls-key)")
-        self.data_plane = data_plane
 
     async def start(self) -> None:
         self.guard.start()
@@ -211,16 +172,7 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                        flags=socket.AI_PASSIVE)
-        if self.data_plane == "native":
-            self._start_native(loop, [str(info[4][0]) for info in infos], port)
-        elif self.data_plane == "native-session":
-            self._start_native_sessions(loop, [str(info[4][0]) for info in infos], port)
-        else:
-            self._listeners = _listen(infos, port)
-            self.port = self._listeners[0].getsockname()[1]
-            self._spare = SpareDescriptor()
-            self._accept_tasks = [loop.create_task(self._accept_loop(sock))
-                                  for sock in self._listeners]
+        self._start_native_sessions(loop, [str(info[4][0]) for info in infos], port)
         if self.admin_on is not None:
             self._admin = await asyncio.start_server(self._serve_admin, *self.admin_on)
             self.admin_port = self._admin.sockets[0].getsockname()[1]
@@ -231,8 +183,8 @@ class Sidecar:
             log.debug("sidecar owns the process: young-generation GC threshold raised, "
                       "start-up objects frozen; malloc's mmap threshold %s",
                       "fixed" if fix_mmap_threshold() else "left as it is")
-        log.info("sidecar listening on %s:%d%s (%s data plane), upstream %s%s", host,
-                 self.port, " (TLS)" if self.tls else "", self.data_plane, self.upstream.where,
+        log.info("sidecar listening on %s:%d%s, upstream %s%s", host,
+                 self.port, " (TLS)" if self.tls else "", self.upstream.where,
                  f", admin on {self.admin_on[0]}:{self.admin_port}"
                  if self._admin and self.admin_on else "")
 
@@ -250,9 +202,6 @@ class Sidecar:
         self._stop_redistributors()
         if self._admin is not None:
             self._admin.close()
-        if self.native is not None:
-            self.native.close()
-            self.native = None
         if self.native_sessions is not None:
             self.native_sessions.close(self.config.drain_timeout_ms / 1000)
             self.native_sessions = None
@@ -286,28 +235,6 @@ class Sidecar:
                 self.config.max_connections * FDS_PER_SESSION + 32, budget.soft, budget.hard,
                 budget.in_use, budget.max_sessions)
 
-    def _start_native(self, loop: asyncio.AbstractEventLoop, hosts: list[str],
-                      port: int) -> None:
-        """Start the tokio runtime; it listens and accepts (see native_plane)."""
-        plane = NativePlane(loop)
-        try:
-            plane.on_accept = self._accept_native
-            plane.on_refused = self.refused_by_native
-            if self.upstream.ssl_context is not None:
-                plane.upstream_tls(self.upstream.cafile, self.upstream.insecure)
-            self.port = plane.listen(
-                list(dict.fromkeys(hosts)), port,
-                refusal=_refusal("too many connections: the sidecar is out of file "
-                                 "descriptors; try again later"),
-                limits=self.limits,
-                tls_files=self.tls_files if self.tls is not None else None,
-                max_tls_handshakes=self.max_handshakes,
-                handshake_timeout=self.config.connect_timeout_ms / 1000.0)
-        except BaseException:
-            plane.close()
-            raise
-        self.native = plane
-
     def _start_native_sessions(self, loop: asyncio.AbstractEventLoop, hosts: list[str],
                                port: int) -> None:
         """Start the runtime serving whole sessions (see native_bridge)."""
@@ -325,118 +252,12 @@ class Sidecar:
             raise
         self.native_sessions = sessions
 
-    def _accept_native(self, transport: NativeTransport) -> None:
-        assert self.native is not None
-        self.native.client_transport(transport, self.client_connection(), self.tls)
-
     def refused_by_native(self, why: str) -> None:
         """The native runtime refused a client itself: why ("fd", "tls", "max")."""
         self.metrics.connections_total.labels("refused").inc()
         if why == "fd":
             self._fd_refusals += 1
             self._warn_fd_refusals()
-
-    async def open_upstream(self, decoder: FrameDecoder, counter: Count) -> FrameConnection:
-        """A connection to the broker on this sidecar's data plane, connected; OSError,
-        TimeoutError or ssl.SSLError if it cannot be made."""
-        upstream = self.upstream
-        if self.native is not None:
-            connection: FrameConnection = NativeConnection(decoder, counter)
-            await self.native.connect(connection, upstream.host, upstream.port,
-                                      tls=upstream.ssl_context is not None)
-            return connection
-        connection = FrameConnection(decoder, counter)
-        await asyncio.get_running_loop().create_connection(
-            lambda: connection, upstream.host, upstream.port, ssl=upstream.ssl_context,
-            server_hostname=upstream.host if upstream.ssl_context else None)
-        return connection
-
-    async def _accept_loop(self, listener: socket.socket) -> None:
-        """Accept clients one at a time, the others' reads served in between.
-
-        Not ``loop.create_server``: when accept() fails for want of descriptors, asyncio
-        logs a traceback and uvloop closes the client without a word; here the spare
-        descriptor makes room to tell the client why (see _refuse_unaccepted). And one
-        accept per loop turn: a server accepting its whole backlog at once under a flood
-        of idle connections would evict a real client's handshake (see _accept) before
-        reading the CONNECT that came with it.
-        """
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                sock, _ = await loop.sock_accept(listener)
-            except OSError as exc:
-                if exc.errno in _OUT_OF_RESOURCES:
-                    self._refuse_unaccepted(listener)
-                    # Let sessions end and free descriptors before trying again.
-                    await asyncio.sleep(0.01)
-                # Otherwise a client that left before it was accepted (ECONNABORTED...).
-                continue
-            if self.tls is not None and self._setting_up >= self.max_handshakes:
-                # TLS handshakes in progress count as pending handshakes; over the budget
-                # there is no way to say why in plain text.
-                self.metrics.connections_total.labels("refused").inc()
-                sock.close()
-                continue
-            self._setting_up += 1
-            if self.tls is None:
-                await self._set_up(sock)  # the transport is made within a loop turn
-                continue
-            task = loop.create_task(self._set_up(sock))  # a TLS handshake takes round trips
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            await asyncio.sleep(0)
-
-    async def _set_up(self, sock: socket.socket) -> None:
-        """Make the accepted socket a client connection (its TLS handshake included)."""
-        try:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            timeout = self.config.connect_timeout_ms / 1000.0
-            await asyncio.get_running_loop().connect_accepted_socket(
-                self.client_connection, sock, ssl=self.tls,
-                ssl_handshake_timeout=timeout if self.tls else None)
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
-            # A TLS handshake that failed or timed out: nothing to tell in plain text.
-            log.debug("client connection not set up: %s", type(exc).__name__)
-            with contextlib.suppress(OSError):
-                sock.close()
-        except asyncio.CancelledError:  # the sidecar stops
-            with contextlib.suppress(OSError):
-                sock.close()
-            raise
-        except Exception:
-            # A bug: the accept loop must go on serving the others.
-            log.exception("setting up a client connection failed inside the sidecar")
-            with contextlib.suppress(OSError):
-                sock.close()
-        finally:
-            self._setting_up -= 1
-
-    def _refuse_unaccepted(self, listener: socket.socket) -> None:
-        """Out of descriptors: free the spare one, accept, tell the client, close."""
-        self.metrics.connections_total.labels("refused").inc()
-        spare = self._spare
-        if spare is None or not spare.release():
-            return  # nothing to make room with; the client waits in the backlog
-        try:
-            sock, _ = listener.accept()
-        except OSError:
-            sock = None
-        try:
-            if sock is not None:
-                self._fd_refusals += 1
-                if self.tls is None:
-                    with contextlib.suppress(OSError):
-                        sock.setblocking(False)
-                        sock.send(_refusal("too many connections: the sidecar is out of file "
-                                           "descriptors; try again later"))
-                with contextlib.suppress(OSError):
-                    sock.close()
-        finally:
-            spare.take()
-        self._warn_fd_refusals()
 
     def _warn_fd_refusals(self) -> None:
         now = time.monotonic()
@@ -448,81 +269,8 @@ class Sidecar:
             self._fd_refusals = 0
 
     def _stop_listening(self) -> None:
-        if self.native is not None:
-            self.native.close_listeners()
         if self.native_sessions is not None:
             self.native_sessions.close_listeners()
-        for task in self._accept_tasks:
-            task.cancel()
-        self._accept_tasks = []
-        for sock in self._listeners:
-            with contextlib.suppress(OSError):
-                sock.close()
-        self._listeners = []
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
-
-    def client_connection(self) -> FrameConnection:
-        """The protocol of an accepted connection; its session starts once it is made."""
-        # Client frames are always encoded again (see ProxySession._write_broker): no
-        # need to keep their received octets.
-        decoder = FrameDecoder(limits=self.limits, commands=CLIENT_COMMANDS, keep_wire=False)
-        kind = NativeConnection if self.data_plane == "native" else FrameConnection
-        return kind(
-            decoder, self.metrics.bytes.labels("client"), on_made=self._accept,
-            handshake_bytes=min(self.config.max_handshake_frame_bytes,
-                                self.config.max_frame_bytes))
-
-    def _accept(self, connection: FrameConnection) -> None:
-        if self._stopping or len(self.sessions) >= self.max_sessions:
-            if self._stopping:
-                reason = "the sidecar is shutting down"
-            elif self.max_sessions < self.config.max_connections:
-                reason = (f"too many connections (the sidecar's limit on open files allows "
-                          f"{self.max_sessions}; max-connections = "
-                          f"{self.config.max_connections})")
-            else:
-                reason = f"too many connections (max-connections = {self.max_sessions})"
-            self.metrics.connections_total.labels("refused").inc()
-            connection.stop_reading()
-            with contextlib.suppress(Exception):
-                connection.write(_refusal(reason))
-                assert connection.transport is not None
-                connection.transport.close()  # after the ERROR is written
-            return
-        if len(self._handshakes) >= self.max_handshakes:
-            # The oldest pending handshake makes room, not the newest: under a flood of
-            # connections that never send CONNECT the budget is always full, and refusing
-            # newcomers would refuse every real client too; a real client sends its CONNECT
-            # at once, so it is never the oldest for long.
-            oldest = next(iter(self._handshakes))
-            del self._handshakes[oldest]
-            # Counted under its outcome ("no-connect") once it has ended.
-            oldest.evict(f"too many pending handshakes (max-pending-handshakes = "
-                         f"{self.max_handshakes}): no CONNECT in time")
-        session = ProxySession(self, connection)
-        self.sessions.add(session)
-        self._handshakes[session] = None
-        # Its CONNECT arrived: no longer evictable, even before the session has read it.
-        connection.on_first_frame = functools.partial(self.handshake_over, session)
-        self.metrics.connections.inc()
-        task = asyncio.get_running_loop().create_task(self._serve(session))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def handshake_over(self, session: ProxySession) -> None:
-        """``session`` has its CONNECT (or ended without one): no longer a pending handshake."""
-        self._handshakes.pop(session, None)
-
-    async def _serve(self, session: ProxySession) -> None:
-        try:
-            outcome = await session.run()
-            self.metrics.connections_total.labels(_outcome_label(outcome)).inc()
-        finally:
-            self.sessions.discard(session)
-            self._handshakes.pop(session, None)
-            self.metrics.connections.dec()
 
     # -- expiry reaper -------------------------------------------------------------------
 
@@ -691,51 +439,10 @@ def _refusal(reason: str) -> bytes:
     return encode(Frame("ERROR", [("message", reason)]), "1.0")
 
 
-def _listen(infos: Sequence[tuple[Any, ...]], port: int) -> list[socket.socket]:
-    """Listening, non-blocking sockets on every address ``getaddrinfo`` gave (as asyncio's
-    create_server binds them); OSError if one cannot be bound."""
-    sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            # With port 0, every address gets the free port the first one got.
-            sock.bind((address[0], port, *address[2:]))
-            sock.listen(128)
-            sock.setblocking(False)
-            port = sock.getsockname()[1]
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
-
-
-def _outcome_label(outcome: str) -> str:
-    # Bounded label values: broker error texts must not become label values.
-    known = {"disconnect", "client-closed", "client-lost", "protocol-error", "shutdown",
-             "broker-closed", "broker-error", "no-connect", "broker-refused", "client-error"}
-    return outcome if outcome in known else "other"
-
-
-#: The environment variable that picks the data plane of every :class:`SidecarThread`
-#: not given one (so that a test suite runs against either plane).
-DATA_PLANE_ENV = "MQGUARD_DATA_PLANE"
-
-
 class SidecarThread(LoopThread[Sidecar]):
     """A sidecar on an event loop of its own thread (tests, benchmarks, the demo)."""
 
-    def __init__(self, sidecar: Sidecar, *, event_loop: str = "asyncio",
-                 data_plane: str | None = None) -> None:
-        """``data_plane``: ``python`` or ``native`` instead of the sidecar's own; when
-        None, the environment variable :data:`DATA_PLANE_ENV` if set."""
-        data_plane = data_plane or os.environ.get(DATA_PLANE_ENV) or None
-        if data_plane is not None:
-            sidecar.use_data_plane(data_plane)
+    def __init__(self, sidecar: Sidecar, *, event_loop: str = "asyncio") -> None:
         super().__init__(sidecar, loop_factory(event_loop)(), "mqguard-sidecar")
 
     @property

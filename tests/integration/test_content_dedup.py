@@ -25,12 +25,9 @@ from mqguard.registry import open_adapter
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.waiting import wait_for
 
-#: (broker, data plane): both brokers on the sidecar's default plane, and the native plane
-#: once (it shares the guard calls; what it changes is the I/O).
 SIDECAR_BROKERS = [
-    pytest.param(("activemq", None), marks=pytest.mark.activemq, id="activemq"),
-    pytest.param(("rabbitmq", None), marks=pytest.mark.rabbitmq, id="rabbitmq"),
-    pytest.param(("activemq", "native"), marks=pytest.mark.activemq, id="activemq-native"),
+    pytest.param("activemq", marks=pytest.mark.activemq, id="activemq"),
+    pytest.param("rabbitmq", marks=pytest.mark.rabbitmq, id="rabbitmq"),
 ]
 
 
@@ -146,12 +143,9 @@ def test_wrappers_content_dedup_mqtt(mqguard_mosquitto_server: Any, mqguard_redi
 def sidecar(request: pytest.FixtureRequest, tmp_path: Path, mqguard_redis_url: str,
             mqguard_unique_name: str) -> Iterator[SidecarThread]:
     config = parse_config(config_of(tmp_path, mqguard_redis_url, mqguard_unique_name))
-    kind, plane = request.param
-    server = request.getfixturevalue(f"mqguard_{kind}_server")
+    server = request.getfixturevalue(f"mqguard_{request.param}_server")
     with SidecarThread(Sidecar(config, parse_upstream(server.urls["stomp"]),
-                               admin=("127.0.0.1", 0)), data_plane=plane) as running:
-        if plane == "native":
-            assert running.sidecar.native is not None
+                               admin=("127.0.0.1", 0))) as running:
         yield running
 
 

@@ -1,5 +1,4 @@
-"""Graceful drain of ``mqguard sidecar`` on SIGTERM, against REAL brokers, on the data
-plane ``MQGUARD_DATA_PLANE`` picks (the process gets ``--data-plane``).
+"""Graceful drain of ``mqguard sidecar`` on SIGTERM, against REAL brokers.
 
 Each connected client is told with an ERROR ("the sidecar is shutting down; reconnect")
 after the receipts owed to it, and its connection is closed; what the sidecar already

@@ -1,4 +1,4 @@
-"""Heart-beats through the sidecar, on every data plane, against a scripted broker (a real
+"""Heart-beats through the sidecar, against a scripted broker (a real
 one cannot be made to send its EOLs in a given pattern)."""
 
 from __future__ import annotations
@@ -9,11 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import stomp  # type: ignore[import-untyped]
 
 from mqguard.config import parse_config
-from mqguard.sidecar.native_plane import DATA_PLANES
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.waiting import wait_for
 
@@ -80,9 +78,7 @@ class ScriptedBroker:
         self.listener.close()
 
 
-@pytest.mark.parametrize("data_plane", DATA_PLANES)
-def test_bunched_broker_heart_beats_do_not_hide_the_next_frame(tmp_path: Path,
-                                                               data_plane: str) -> None:
+def test_bunched_broker_heart_beats_do_not_hide_the_next_frame(tmp_path: Path) -> None:
     """Heart-beat EOLs the broker sends together reach the client as one: stomp.py takes
     two EOLs read at once, before a frame, for that frame's start and drops the frame
     (which stalled a consumer on RabbitMQ, whose EOL after a frame's NUL often arrives in
@@ -93,7 +89,7 @@ def test_bunched_broker_heart_beats_do_not_hide_the_next_frame(tmp_path: Path,
         "event-log": {"directory": str(tmp_path / "events"), "flush-interval-ms": 20}}})
     sidecar = Sidecar(config, parse_upstream(f"stomp://127.0.0.1:{broker.port}"))
     try:
-        with SidecarThread(sidecar, data_plane=data_plane) as running:
+        with SidecarThread(sidecar) as running:
             client = Client(running.port)
             try:
                 client.conn.subscribe("/queue/bunched", id="s", ack="client-individual")

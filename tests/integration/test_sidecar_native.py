@@ -1,9 +1,7 @@
-"""The sidecar on its native data plane (docs/sidecar.md, "Data planes"), against a real
-ActiveMQ, whatever MQGUARD_DATA_PLANE says: stock stomp.py relaying with receipts and a
-guarantee, heart-beats, TLS on both legs (rustls), a malformed frame, back-pressure from a
-consumer that stops reading, and the connection limit. The whole sidecar suite runs on
-this plane with ``MQGUARD_DATA_PLANE=native``; this module keeps a subset of it in every
-run.
+"""The sidecar's native data plane (docs/sidecar.md, "Data plane"), against a real
+ActiveMQ: stock stomp.py relaying with receipts and a guarantee, heart-beats, TLS on both
+legs (rustls), a malformed frame, back-pressure from a consumer that stops reading, the
+connection limit, and the data-plane setting.
 """
 
 from __future__ import annotations
@@ -39,8 +37,8 @@ def config(tmp_path: Path, **sidecar: Any) -> Any:
 @pytest.fixture
 def proxy(mqguard_activemq_server: ServerHandle, tmp_path: Path) -> Iterator[SidecarThread]:
     sidecar = Sidecar(config(tmp_path), parse_upstream(mqguard_activemq_server.urls["stomp"]))
-    with SidecarThread(sidecar, data_plane="native") as running:
-        assert running.sidecar.native is not None
+    with SidecarThread(sidecar) as running:
+        assert running.sidecar.native_sessions is not None
         yield running
 
 
@@ -96,7 +94,7 @@ def test_stock_client_round_trip_receipts_and_a_rejected_duplicate(
     finally:
         conn.disconnect()
     wait_for(lambda: not proxy.sidecar.sessions, 10, "the session to end")
-    native = proxy.sidecar.native
+    native = proxy.sidecar.native_sessions
     assert native is not None
     wait_for(lambda: native.plane.leg_count() == 0, 10, "both legs closed")
 
@@ -134,12 +132,12 @@ def test_tls_on_both_legs(mqguard_activemq_server: ServerHandle, tmp_path: Path,
     queue = f"/queue/{mqguard_unique_name}"
     front = Sidecar(config(tmp_path), parse_upstream(mqguard_activemq_server.urls["stomp"]),
                     tls=server_tls, tls_files=(str(cert), str(key)))
-    with SidecarThread(front, data_plane="native") as tls_proxy:
+    with SidecarThread(front) as tls_proxy:
         conn, got = stomp_client(tls_proxy.port, ca=cert)
         conn.subscribe(queue, id="s", ack="auto")
         chained = Sidecar(config(tmp_path), parse_upstream(
             f"stomp+ssl://127.0.0.1:{tls_proxy.port}", cafile=str(cert)))
-        with SidecarThread(chained, data_plane="native") as plain_proxy:
+        with SidecarThread(chained) as plain_proxy:
             sender, sent = stomp_client(plain_proxy.port)
             sender.send(queue, "over TLS", receipt="t")
             wait_for(lambda: sent.receipts == ["t"], 10, "the receipt through both sidecars")
@@ -150,7 +148,7 @@ def test_tls_on_both_legs(mqguard_activemq_server: ServerHandle, tmp_path: Path,
         other, _ = make_certificate(tmp_path / "other")
         untrusted = Sidecar(config(tmp_path), parse_upstream(
             f"stomp+ssl://127.0.0.1:{tls_proxy.port}", cafile=str(other)))
-        with SidecarThread(untrusted, data_plane="native") as bad_proxy:
+        with SidecarThread(untrusted) as bad_proxy:
             raw = RawClient(bad_proxy.port)
             raw.send(connect_frame())
             raw.read_to_close(timeout=10)
@@ -183,7 +181,7 @@ def test_a_consumer_that_stops_reading_holds_the_broker_back(
     once the client leg's queue is over its high-water mark (1 MiB) instead of taking
     everything in; when the consumer breaks the protocol, its session ends and what was
     queued for it is dropped with the connection (reset), not kept."""
-    native = proxy.sidecar.native
+    native = proxy.sidecar.native_sessions
     assert native is not None
     queue = f"/queue/{mqguard_unique_name}"
     body = b"x" * 60_000
@@ -244,7 +242,7 @@ def test_over_max_connections_a_client_gets_an_error(
         mqguard_activemq_server: ServerHandle, tmp_path: Path) -> None:
     sidecar = Sidecar(config(tmp_path, **{"max-connections": 1}),
                       parse_upstream(mqguard_activemq_server.urls["stomp"]))
-    with SidecarThread(sidecar, data_plane="native") as proxy:
+    with SidecarThread(sidecar) as proxy:
         first = RawClient(proxy.port)
         first.connect()
         second = RawClient(proxy.port)
@@ -260,10 +258,13 @@ def test_over_max_connections_a_client_gets_an_error(
 def test_data_plane_setting_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="data-plane"):
         config(tmp_path, **{"data-plane": "rust"})
+    # The removed python plane is named, with what to do instead.
+    with pytest.raises(ConfigError, match=r"python data plane was removed.*set it to"):
+        config(tmp_path, **{"data-plane": "python"})
+    for name in ("native", "native-session"):
+        assert config(tmp_path, **{"data-plane": name}).core.sidecar.data_plane == name
     upstream = parse_upstream("stomp://127.0.0.1:61613")
-    with pytest.raises(ConfigError, match="data-plane"):
-        Sidecar(config(tmp_path), upstream, data_plane="rust")
     # rustls serves TLS from files, not from an ssl.SSLContext.
     with pytest.raises(ConfigError, match="--tls-cert"):
-        Sidecar(config(tmp_path), upstream, data_plane="native",
+        Sidecar(config(tmp_path), upstream,
                 tls=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))

@@ -1,7 +1,6 @@
-"""The sidecar on its native-session data plane (docs/sidecar.md, "The native-session data
-plane", experimental): each session runs in the Rust runtime and the guard is called once
-per read batch. Real ActiveMQ and RabbitMQ, stock stomp.py clients, whatever
-MQGUARD_DATA_PLANE says: receipts in order, a repeated ``_AMQ_DUPL_ID`` rejected, delivery
+"""The sidecar's sessions in the native runtime (docs/sidecar.md, "Data plane"), the
+guard called once per read batch. Real ActiveMQ and RabbitMQ, stock stomp.py clients:
+receipts in order, a repeated ``_AMQ_DUPL_ID`` rejected, delivery
 counting to a dead letter, the DISCONNECT held until earlier receipts are in, a malformed
 frame answered with an ERROR with nothing lost, a transaction with a duplicate refused.
 """
@@ -74,7 +73,7 @@ def proxy(broker: ServerHandle, tmp_path: Path) -> Iterator[SidecarThread]:
                                    "max-delivery-attempts": 3}},
     })
     sidecar = Sidecar(config, parse_upstream(broker.urls["stomp"]), admin=("127.0.0.1", 0))
-    with SidecarThread(sidecar, data_plane="native-session") as running:
+    with SidecarThread(sidecar) as running:
         assert running.sidecar.native_sessions is not None
         yield running
 

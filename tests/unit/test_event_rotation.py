@@ -166,3 +166,32 @@ def test_a_torn_last_line_is_left_out_and_a_bad_line_inside_raises(tmp_path: Pat
     (tmp_path / "bad" / "events-n.jsonl").write_text('{"v":1,"ts":1,"ty\n' + good)
     with pytest.raises(json.JSONDecodeError):
         list(read_events(tmp_path / "bad"))
+
+
+def test_a_failed_pyarrow_import_keeps_jsonl_and_later_segments_convert(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Out of descriptors, importing pyarrow fails: that segment stays JSONL (nothing is
+    lost), the converter says why without a traceback, and goes on with the next one."""
+    import builtins
+    import sys
+
+    real_import = builtins.__import__
+    failures = [OSError(24, "Too many open files")]
+
+    def flaky_import(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("pyarrow") and failures:
+            raise failures.pop()
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    for module in [m for m in sys.modules if m == "pyarrow.json"]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setattr(builtins, "__import__", flaky_import)
+    with caplog.at_level("WARNING", logger="mqguard.events"):
+        _write(tmp_path, 500)
+    kept = sorted(tmp_path.glob("events-n.*.jsonl"))
+    converted = sorted(tmp_path.glob("events-n.*.parquet"))
+    assert not failures and len(kept) == 1 and len(converted) >= 2, (kept, converted)
+    assert len(list(read_events(tmp_path))) == 1000
+    warning = next(r for r in caplog.records if "not converted" in r.getMessage())
+    assert "Too many open files" in warning.getMessage() and warning.exc_info is None

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-SIDECAR_MODULES = ("mqguard.sidecar.server", "mqguard.sidecar.session",
+SIDECAR_MODULES = ("mqguard.sidecar.server", "mqguard.sidecar.native_bridge",
                    "mqguard.sidecar.upstream", "mqguard.sidecar.frames")
 
 _PROBE = """

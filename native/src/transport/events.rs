@@ -22,12 +22,6 @@ pub enum Event {
     Eof(u64),
     /// The leg is gone (socket closed): `Some` for an I/O error (errno, text).
     Closed(u64, Option<(i32, String)>),
-    /// A client connection was accepted (and its TLS handshake done): peer host, port.
-    Accepted(u64, String, u16),
-    /// An upstream connection is up (and its TLS handshake done).
-    Connected(u64),
-    /// An upstream connection failed: errno (0: none), text, whether TLS refused it.
-    ConnectFailed(u64, i32, String, bool),
     /// A client was refused by the listener itself: "fd" (out of descriptors) or "tls"
     /// (too many TLS handshakes in progress, or one that failed).
     Refused(&'static str),

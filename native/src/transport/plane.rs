@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -26,7 +26,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use super::admission::{Admission, Admit};
 use super::driver::Driver;
 use super::events::{Event, Events};
-use super::leg::{self, Io, Shared, PY, STOP};
+use super::leg::{self, Io, Shared};
 use super::tls;
 use crate::session::{self, Bridge, Host, PyVerdict, Session, SessionConfig};
 use crate::stomp::{self, Decoder, Limits, Version};
@@ -68,9 +68,6 @@ impl Decoding {
 const ITEMS: u8 = 0;
 const EOF: u8 = 1;
 const CLOSED: u8 = 2;
-const ACCEPTED: u8 = 3;
-const CONNECTED: u8 = 4;
-const CONNECT_FAILED: u8 = 5;
 const REFUSED: u8 = 6;
 const MALFORMED: u8 = 7;
 const GUARD: u8 = 8;
@@ -149,13 +146,8 @@ struct Listening {
     /// The ERROR frame a client gets when no descriptor is left to serve it.
     refusal: Vec<u8>,
     decoding: Decoding,
-    /// Plain TCP: one accept per permit, and Python hands a permit back once it has
-    /// taken the previous client and the loop has turned (`accept_more`). A burst of
-    /// connections (an idle flood) is then accepted at the pace the sidecar's handshake
-    /// budget evicts the oldest of them, as on the asyncio plane, instead of all at once.
-    gate: Arc<Semaphore>,
-    /// Clients served by a native session each (`serve_sessions`) instead of Python's.
-    sessions: Option<Arc<SessionSetup>>,
+    /// How each client's native session reaches the broker, and who is admitted.
+    sessions: Arc<SessionSetup>,
 }
 
 /// Where and how native sessions reach the broker.
@@ -224,7 +216,6 @@ pub struct Plane {
     inner: Arc<Inner>,
     wake_read: UnixStream,
     listeners: Mutex<Vec<JoinHandle<()>>>,
-    gates: Mutex<Vec<Arc<Semaphore>>>,
     /// Callables to run on the runtime's thread, in the order given.
     calls: mpsc::UnboundedSender<Py<PyAny>>,
 }
@@ -264,7 +255,6 @@ impl Plane {
             }),
             wake_read,
             listeners: Mutex::new(Vec::new()),
-            gates: Mutex::new(Vec::new()),
             calls,
         })
     }
@@ -281,27 +271,6 @@ impl Plane {
     /// The descriptor the asyncio loop watches: readable when events are pending.
     fn wake_fd(&self) -> i32 {
         self.wake_read.as_raw_fd()
-    }
-
-    /// Bind and listen on every address (all on the port the first one got when `port`
-    /// is 0), and accept clients from now on; returns the port.
-    /// `limits`: how client frames are decoded (they are always encoded again, so they
-    /// keep no received octets).
-    #[pyo3(signature = (hosts, port, refusal, limits, cert = None, key = None, max_tls_handshakes = 128, handshake_timeout_ms = 10_000))]
-    #[allow(clippy::too_many_arguments)]
-    fn listen(
-        &self,
-        hosts: Vec<String>,
-        port: u16,
-        refusal: Vec<u8>,
-        limits: LimitsTuple,
-        cert: Option<String>,
-        key: Option<String>,
-        max_tls_handshakes: usize,
-        handshake_timeout_ms: u64,
-    ) -> PyResult<u16> {
-        let tls = TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms };
-        self.listen_with(hosts, port, refusal, limits, tls, None)
     }
 
     /// Listen as `listen` does, each client served by a native session of its own
@@ -369,7 +338,7 @@ impl Plane {
             full_refusal,
         });
         let tls = TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms };
-        self.listen_with(hosts, port, refusal, limits, tls, Some(setup))
+        self.listen_with(hosts, port, refusal, limits, tls, setup)
     }
 
     /// Python's verdicts on guard batch `batch` (None: deciding failed, the session
@@ -397,15 +366,6 @@ impl Plane {
     }
 
 
-    /// Python took the last client accepted: the listeners may accept the next one.
-    fn accept_more(&self) {
-        for gate in self.gates.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            if gate.available_permits() == 0 {
-                gate.add_permits(1);
-            }
-        }
-    }
-
     /// Stop accepting (listening sockets closed); legs are not touched.
     fn close_listeners(&self) {
         for task in self
@@ -431,88 +391,12 @@ impl Plane {
         Ok(())
     }
 
-    /// Open a leg to the broker; returns its id at once, the outcome comes as an event.
-    /// `limits`: how the broker's frames are decoded (the broker leg's limits).
-    #[pyo3(signature = (host, port, limits, tls = false, quick_ack = false))]
-    fn connect(
-        &self,
-        host: String,
-        port: u16,
-        limits: LimitsTuple,
-        tls: bool,
-        quick_ack: bool,
-    ) -> PyResult<u64> {
-        let config = if tls {
-            let config = self
-                .inner
-                .upstream_tls
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            Some(config.ok_or_else(|| PyRuntimeError::new_err("upstream TLS not configured"))?)
-        } else {
-            None
-        };
-        let decoder = Decoding {
-            limits,
-            server: true,
-            keep_wire: true,
-        }
-        .decoder()?;
-        let (shared, rx) = self.inner.new_leg(decoder);
-        let id = shared.id;
-        let inner = self.inner.clone();
-        self.handle()?.spawn(async move {
-            match open_upstream(&host, port, config).await {
-                Ok(Upstream::Plain(tcp)) => {
-                    inner.events.push(Event::Connected(id));
-                    inner.start_plain(tcp, shared, rx, quick_ack);
-                }
-                Ok(Upstream::Tls(stream)) => {
-                    inner.events.push(Event::Connected(id));
-                    inner.start(*stream, shared, rx, quick_ack);
-                }
-                Err((errno, text, tls_error)) => {
-                    inner
-                        .legs
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&id);
-                    inner
-                        .events
-                        .push(Event::ConnectFailed(id, errno, text, tls_error));
-                }
-            }
-        });
-        Ok(id)
-    }
-
-    /// Queue `data` on the leg (nothing happens once the leg has closed).
+    /// Queue `data` on the leg (nothing happens once the leg has closed): what the guard
+    /// writes to a session's broker leg (acknowledgements, copies, re-sends).
     fn write(&self, leg: u64, data: &[u8]) {
         if let Some(shared) = self.inner.leg(leg) {
             shared.write(data);
         }
-    }
-
-    /// Decode the leg's frames as STOMP `version` from now on; `oversized`: hand a frame
-    /// over the limits on (`Oversized`) instead of failing.
-    fn set_decoding(&self, leg: u64, version: &str, oversized: bool) -> PyResult<()> {
-        let version = Version::parse(version)
-            .ok_or_else(|| PyValueError::new_err(format!("unknown STOMP version {version:?}")))?;
-        if let Some(shared) = self.inner.leg(leg) {
-            shared.set_decoding(version, oversized);
-        }
-        Ok(())
-    }
-
-    /// Octets of an incomplete frame the leg's decoder holds.
-    fn buffered(&self, leg: u64) -> usize {
-        self.inner.leg(leg).map_or(0, |shared| shared.buffered())
-    }
-
-    /// Octets queued on the leg and not written yet.
-    fn queued(&self, leg: u64) -> usize {
-        self.inner.leg(leg).map_or(0, |shared| shared.queued())
     }
 
     /// Octets queued on every leg and not written yet (what the runtime holds for
@@ -525,42 +409,6 @@ impl Plane {
             .values()
             .map(|l| l.queued())
             .sum()
-    }
-
-    /// Pause (true) or resume (false) reading, on Python's behalf.
-    fn pause(&self, leg: u64, paused: bool) {
-        if let Some(shared) = self.inner.leg(leg) {
-            shared.set_pause(PY, paused);
-        }
-    }
-
-    /// Read nothing more from the leg.
-    fn stop_reading(&self, leg: u64) {
-        if let Some(shared) = self.inner.leg(leg) {
-            shared.set_pause(STOP, true);
-        }
-    }
-
-    /// Reading of `peer` pauses while `leg`'s outgoing queue is over the high-water mark.
-    fn couple(&self, leg: u64, peer: u64) {
-        if let Some(shared) = self.inner.leg(leg) {
-            shared.couple(self.inner.leg(peer));
-        }
-    }
-
-    /// Write what is queued, then shut down and close; `Closed` follows.
-    fn close(&self, leg: u64) {
-        if let Some(shared) = self.inner.leg(leg) {
-            shared.close();
-        }
-    }
-
-    /// Close now, dropping what is queued; `reset`: with an RST (SO_LINGER 0).
-    #[pyo3(signature = (leg, reset = false))]
-    fn abort(&self, leg: u64, reset: bool) {
-        if let Some(shared) = self.inner.leg(leg) {
-            shared.end_now(reset);
-        }
     }
 
     /// Every event since the last call, as tuples `(kind, leg, a, b)`.
@@ -622,24 +470,6 @@ impl Plane {
                         ),
                     }
                 }
-                Event::Accepted(id, host, port) => (
-                    ACCEPTED,
-                    id,
-                    host.into_pyobject(py)?.into_any(),
-                    port.into_pyobject(py)?.into_any(),
-                ),
-                Event::Connected(id) => (
-                    CONNECTED,
-                    id,
-                    py.None().into_bound(py),
-                    py.None().into_bound(py),
-                ),
-                Event::ConnectFailed(id, errno, text, tls_error) => (
-                    CONNECT_FAILED,
-                    id,
-                    (errno, tls_error).into_pyobject(py)?.into_any(),
-                    text.into_pyobject(py)?.into_any(),
-                ),
                 Event::Guard(session, batch, guard) => (
                     GUARD,
                     session,
@@ -720,7 +550,7 @@ impl Plane {
         refusal: Vec<u8>,
         limits: LimitsTuple,
         files: TlsFiles,
-        sessions: Option<Arc<SessionSetup>>,
+        sessions: Arc<SessionSetup>,
     ) -> PyResult<u16> {
         let TlsFiles { cert, key, max_tls_handshakes, handshake_timeout_ms } = files;
         let tls = match (cert, key) {
@@ -745,15 +575,8 @@ impl Plane {
                 server: false,
                 keep_wire: false,
             },
-            gate: Arc::new(Semaphore::new(1)),
             sessions,
         });
-        if setup.tls.is_none() && setup.sessions.is_none() {
-            self.gates
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(setup.gate.clone());
-        }
         setup.decoding.decoder()?; // invalid limits: an error now, not at each accept
         let handle = self.handle()?;
         let _guard = handle.enter();
@@ -856,13 +679,8 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
     // Held so that, out of descriptors, one can be freed to tell a client why it is
     // refused instead of leaving it in the backlog without a word.
     let mut spare = File::open("/dev/null").ok();
+    let sessions = setup.sessions.clone();
     loop {
-        if setup.tls.is_none() {
-            match setup.gate.acquire().await {
-                Ok(permit) => permit.forget(),
-                Err(_) => return,
-            }
-        }
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -875,42 +693,26 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
                     // Let sessions end and free descriptors before trying again.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                // Otherwise a client that left before it was accepted. No client for
-                // Python: the permit is still this loop's.
-                if setup.tls.is_none() {
-                    setup.gate.add_permits(1);
-                }
+                // Otherwise a client that left before it was accepted.
                 continue;
             }
         };
         let _ = tcp.set_nodelay(true);
         let Some(acceptor) = setup.tls.clone() else {
             let Ok(decoder) = setup.decoding.decoder() else {
-                setup.gate.add_permits(1);
                 continue;
             };
             let (shared, rx) = inner.new_leg(decoder);
-            if let Some(sessions) = &setup.sessions {
-                // No Python accept to wait for: the next client may come at once.
-                setup.gate.add_permits(1);
-                let peer = (peer.ip().to_string(), peer.port());
-                sessions.admission.room().await;
-                let Some(sink) = start_session(&inner, sessions, shared.clone(), peer) else {
-                    tokio::spawn(refuse(tcp, sessions.full_refusal.clone()));
-                    continue;
-                };
-                shared.set_sink(sink);
-                inner.start_plain(tcp, shared, rx, false);
-                // Its handshake, its eviction: before the next client is accepted.
-                tokio::task::yield_now().await;
+            let peer = (peer.ip().to_string(), peer.port());
+            sessions.admission.room().await;
+            let Some(sink) = start_session(&inner, &sessions, shared.clone(), peer) else {
+                tokio::spawn(refuse(tcp, sessions.full_refusal.clone()));
                 continue;
-            }
-            inner.events.push(Event::Accepted(
-                shared.id,
-                peer.ip().to_string(),
-                peer.port(),
-            ));
+            };
+            shared.set_sink(sink);
             inner.start_plain(tcp, shared, rx, false);
+            // Its handshake, its eviction: before the next client is accepted.
+            tokio::task::yield_now().await;
             continue;
         };
         if setup.setting_up.load(Ordering::Acquire) >= setup.max_setting_up {
@@ -922,26 +724,18 @@ async fn accept_loop(listener: TcpListener, setup: Arc<Listening>, inner: Arc<In
         setup.setting_up.fetch_add(1, Ordering::AcqRel);
         let setup = setup.clone();
         let inner = inner.clone();
+        let sessions = sessions.clone();
         tokio::spawn(async move {
             let done = tokio::time::timeout(setup.handshake_timeout, acceptor.accept(tcp)).await;
             setup.setting_up.fetch_sub(1, Ordering::AcqRel);
             if let (Ok(Ok(stream)), Ok(decoder)) = (done, setup.decoding.decoder()) {
                 let (shared, rx) = inner.new_leg(decoder);
-                if let Some(sessions) = &setup.sessions {
-                    let peer = (peer.ip().to_string(), peer.port());
-                    let Some(sink) = start_session(&inner, sessions, shared.clone(), peer) else {
-                        tokio::spawn(refuse(stream, sessions.full_refusal.clone()));
-                        return;
-                    };
-                    shared.set_sink(sink);
-                    inner.start(stream, shared, rx, false);
+                let peer = (peer.ip().to_string(), peer.port());
+                let Some(sink) = start_session(&inner, &sessions, shared.clone(), peer) else {
+                    tokio::spawn(refuse(stream, sessions.full_refusal.clone()));
                     return;
-                }
-                inner.events.push(Event::Accepted(
-                    shared.id,
-                    peer.ip().to_string(),
-                    peer.port(),
-                ));
+                };
+                shared.set_sink(sink);
                 inner.start(stream, shared, rx, false);
             }
         });

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import subprocess
@@ -47,13 +46,10 @@ class SidecarProcess:
 
             def preexec() -> None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-        # MQGUARD_DATA_PLANE runs the sidecar suite against either data plane.
-        plane = os.environ.get("MQGUARD_DATA_PLANE")
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mqguard.cli", "sidecar", "--listen", "127.0.0.1:0",
-                 "--upstream", upstream, "--config", str(config), "--event-loop", event_loop,
-                 *(["--data-plane", plane] if plane else [])],
+                 "--upstream", upstream, "--config", str(config), "--event-loop", event_loop],
                 stdout=subprocess.DEVNULL, stderr=log, preexec_fn=preexec)
         self.port = 0
         deadline = time.monotonic() + 60
