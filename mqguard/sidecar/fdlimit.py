@@ -2,12 +2,12 @@
 
 Each session holds :data:`FDS_PER_SESSION` descriptors: the client's socket, the
 broker's socket, and a duplicate of the broker's that the native runtime re-arms TCP
-quick-acks through (``native/src/transport/leg.rs``). With the common soft limit of 1024
-that is about 330 sessions, not the 1024 of ``max-connections``: past it, ``accept()`` and the broker connection fail with
-EMFILE, and clients used to be dropped without a word. So at start the sidecar
-raises its soft limit to the hard one (what any process may do), admits no more
-sessions than the limit allows (the others get an ERROR frame like any refused
-client), and warns when that is fewer than ``max-connections``.
+quick-acks through (``native/src/transport/leg.rs``). With the common soft limit of
+1024 that is about 330 sessions, not the 1024 of ``max-connections``: past it,
+``accept()`` and the broker connection fail with EMFILE. So at start the sidecar raises
+its soft limit to the hard one (what any process may do), admits no more sessions than
+the limit allows (the others get an ERROR frame like any refused client), and warns
+when that is fewer than ``max-connections``.
 
 The native runtime keeps one descriptor in reserve, so that even when something else
 used up the limit (the store, the event log, the reaper) a client that could not be
