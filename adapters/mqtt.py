@@ -49,7 +49,11 @@ Headers
     has no properties, so headers cannot be carried. Rather than invent an envelope that other
     MQTT clients would not understand, the adapter *refuses* (AdapterError) any message whose
     wire headers are not empty -- including the guard's ``mqguard-id`` and ``mqguard-expires``.
-    Header-less messages pass.
+    Header-less messages pass. One exception: the guard's own dead-letter and expiry copies
+    (``Guard.move``: ``_AMQ_ORIG_ADDRESS`` and ``mqguard-move-reason``) go, as the MQTT
+    sidecar publishes them, to ``<dead-letter topic>/<delivery count>/<original topic>``
+    with the payload only, which ``mqguard dlq`` reads back (docs/dlq.md); refusing them
+    would leave a poison message unacknowledged for good.
 
 Expiry
     ``Message.expiration`` becomes the MQTT 5 Message Expiry Interval in whole seconds, rounded
@@ -113,7 +117,14 @@ from paho.mqtt.reasoncodes import ReasonCode
 from mqguard.adapter import Capabilities, Delivery, DeliveryCallback, SubscribeOptions
 from mqguard.errors import AdapterError
 from mqguard.jobthread import JobThread
-from mqguard.message import Message, now_ms
+from mqguard.message import (
+    MOVE_REASON_HEADER,
+    ORIG_ADDRESS_HEADER,
+    ORIG_DELIVERY_COUNT_HEADER,
+    Message,
+    now_ms,
+)
+from mqguard.mqtt_sidecar.messages import dead_letter_topic
 from mqguard.redact import redact_url, split_server_url
 
 __all__ = ["MqttAdapter", "address_to_topic", "check_mqtt_string", "read_user_properties",
@@ -964,6 +975,13 @@ class MqttAdapter:
             topic = self._publish_topic(message.address)
         headers = message.wire_headers()
         if not self._v5:
+            moved_from = message.headers.get(ORIG_ADDRESS_HEADER)
+            if moved_from and MOVE_REASON_HEADER in message.headers:
+                # The guard's move: what the properties would say goes into the topic.
+                count = message.headers.get(ORIG_DELIVERY_COUNT_HEADER, "0")
+                topic = dead_letter_topic(topic, count, address_to_topic(moved_from))
+                check_mqtt_string(topic, f"topic {topic!r}")
+                return topic, message.body, None
             if headers:
                 raise AdapterError(
                     f"cannot send a message with headers ({', '.join(sorted(headers))}) to "

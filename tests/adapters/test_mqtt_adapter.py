@@ -18,7 +18,14 @@ from paho.mqtt.properties import Properties
 from mqguard.adapter import Capabilities, SubscribeOptions
 from mqguard.adapters.mqtt import PROPERTY_ERRORS_KEY, MqttAdapter
 from mqguard.errors import AdapterError
-from mqguard.message import Message, new_message_id, now_ms
+from mqguard.message import (
+    MOVE_REASON_HEADER,
+    ORIG_ADDRESS_HEADER,
+    ORIG_DELIVERY_COUNT_HEADER,
+    Message,
+    new_message_id,
+    now_ms,
+)
 
 pytestmark = pytest.mark.mosquitto
 
@@ -334,6 +341,22 @@ def test_mqtt311_refuses_headers_but_carries_plain_messages(mqtt: Factory, addre
     (delivery,) = inbox.wait_for(1)
     assert (delivery.message.body, delivery.message.headers) == (b"plain", {})
     consumer.ack(delivery)
+    # The guard's dead-letter copy: what its properties would say goes into the topic.
+    moved = {ORIG_ADDRESS_HEADER: "plant.line-1", MOVE_REASON_HEADER: "poison",
+             ORIG_DELIVERY_COUNT_HEADER: "3"}
+    dead = Inbox()
+    consumer.subscribe(f"{address}.DLA.#", dead)
+    consumer.send(Message(f"{address}.DLA", b"dead", headers=moved,
+                          message_id=new_message_id()))
+    (letter,) = dead.wait_for(1)
+    topic = address.replace(".", "/")
+    assert letter.raw_headers["mqtt-topic"] == f"{topic}/DLA/3/plant/line-1"
+    assert (letter.message.body, letter.message.headers) == (b"dead", {})
+    consumer.ack(letter)
+    # Any other copy with an original address (a dlq retry's, say) is refused as before.
+    with pytest.raises(AdapterError, match=r"MQTT 3\.1\.1, which has no properties"):
+        consumer.send(Message(f"{address}.DLA", b"x",
+                              headers={ORIG_ADDRESS_HEADER: "plant.line-1"}))
 
 
 def test_unsupported_operations_raise_adapter_error(mqtt: Factory, address: str) -> None:
