@@ -93,6 +93,13 @@ from mqguard.errors import AdapterError, TransactionRolledBack
 from mqguard.jobthread import JobThread
 from mqguard.message import Message
 from mqguard.redact import redact_url, split_server_url
+from mqguard.sidecar.frames import (
+    FrameError,
+    encode_bodiless,
+    encode_one_header,
+    encode_send,
+    parse_received,
+)
 from mqguard.stomp_brokers import (
     ACK_MODES,
     BROKER_CAPABILITIES,
@@ -117,9 +124,6 @@ log = logging.getLogger("mqguard.adapters.stomp")
 #: Longest ERROR body kept in an exception message (ActiveMQ sends whole Java stack traces).
 MAX_ERROR_BODY: Final = 600
 
-#: STOMP 1.2 header value escaping.
-_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
-_NEEDS_ESCAPE = re.compile(r"[\\\r\n:]")
 #: Frames are written in chunks of about this size (one sendall() each).
 WRITE_CHUNK_BYTES: Final = 256 * 1024
 #: ...except the first chunk of a batch, written after this many frames so that the broker
@@ -132,78 +136,20 @@ ON_DELIVERY_THREAD: Final = (
     "connection for sending from a handler, or adapter.defer()")
 
 
-def _encode_send(destination: str, body: bytes, headers: Mapping[str, str]) -> bytes:
-    """A SEND frame as bytes (header names are validated by the caller: nothing to escape)."""
-    if (_NEEDS_ESCAPE.search("".join(headers.values())) is not None
-            or _NEEDS_ESCAPE.search(destination) is not None):
-        destination = destination.translate(_ESCAPES)
-        headers = {key: value.translate(_ESCAPES) for key, value in headers.items()}
-    # One join over the pieces: the send path builds a frame per message, and this is about
-    # twice as fast as a formatted line per header (values rarely need escaping, which with
-    # str.translate costs a few microseconds per value, hence the check above).
-    parts = ["SEND\ndestination:", destination]
-    for key, value in headers.items():
-        parts += ("\n", key, ":", value)
-    if body:
-        parts.append(f"\ncontent-length:{len(body)}")
-    parts.append("\n\n")
-    return b"".join(("".join(parts).encode("utf-8"), body, b"\x00"))
-
-
 # -- received frames -----------------------------------------------------------------------------
 
-#: stomp.py's header unescaping (STOMP 1.2: ``\\r`` ``\\n`` ``\\c`` ``\\\\``; unknown escapes kept).
-_UNESCAPES: Final = {"\\r": "\r", "\\n": "\n", "\\c": ":", "\\\\": "\\"}
-_ESCAPE_SEQUENCE = re.compile(r"\\.")
-
-
-def _unescape_header(match: re.Match[str]) -> str:
-    return _UNESCAPES.get(match.group(0), match.group(0))
-
-
 def parse_frame(data: bytes) -> Any:
-    """Parse one received frame exactly as ``stomp.utils.parse_frame`` does, ~4x faster.
+    """One received frame (without its NUL) as ``stomp.utils.parse_frame`` gives it.
 
-    stomp.py runs two regex substitutions per header line (~25 us for a 7-header MESSAGE,
-    the largest single cost of a guarded receive); here a line is unescaped only when it
-    holds a backslash. Same results: the head ends at the first blank line (LF or CRLF),
-    lines split at LF or CRLF, leading empty lines skipped, a line
-    splits at its first ``:`` (lines without one, or with an empty name, are ignored), the
-    first occurrence of a name wins, and the body is everything after the blank line.
+    Read by the native codec (:func:`mqguard.sidecar.frames.parse_received`), with
+    stomp.py's leniency: the head ends at the first blank line (LF or CRLF), lines split at
+    LF or CRLF, leading empty lines are skipped, a line splits at its first ``:`` (lines
+    without one, or with an empty name, are ignored), unknown escapes are kept, invalid
+    UTF-8 is replaced, the first occurrence of a name wins, and the body is everything
+    after the blank line. None for a head of empty lines only, as stomp.py.
     """
-    lf = data.find(b"\n\n")
-    crlf = data.find(b"\r\n\r\n")
-    if crlf != -1 and (lf == -1 or crlf < lf):
-        head_end, body_start = crlf, crlf + 4
-    elif lf != -1:
-        head_end, body_start = lf, lf + 2
-    else:
-        head_end = body_start = len(data)
-    head = data[:head_end].decode("utf-8")
-    lines = head.split("\n")
-    if "\r" in head:
-        # (the last line keeps a CR: no LF follows it inside the head)
-        lines = [line[:-1] if line.endswith("\r") else line for line in lines[:-1]] + lines[-1:]
-    first = 0
-    count = len(lines)
-    while first < count and not lines[first]:
-        first += 1
-    if first >= count:
-        return None
-    headers: dict[str, str] = {}
-    for line in lines[first + 1:]:
-        key, colon, value = line.partition(":")
-        if not colon or not key:
-            continue
-        if "\\" in line:
-            key = _ESCAPE_SEQUENCE.sub(_unescape_header, key)
-            if key in headers:
-                continue
-            value = _ESCAPE_SEQUENCE.sub(_unescape_header, value)
-        elif key in headers:
-            continue
-        headers[key] = value
-    return stomp.utils.Frame(lines[first], headers, data[body_start:])
+    parsed = parse_received(data)
+    return None if parsed is None else stomp.utils.Frame(*parsed)
 
 
 class _AckWriter:
@@ -1193,7 +1139,7 @@ class StompAdapter:
                 size = 0
                 early = FIRST_CHUNK_FRAMES if len(frames) > 2 * FIRST_CHUNK_FRAMES else 0
                 for destination, body, headers in frames:
-                    encoded = _encode_send(destination, body, headers)
+                    encoded = encode_send(destination, headers, body)
                     chunk.append(encoded)
                     size += len(encoded)
                     if size >= WRITE_CHUNK_BYTES or len(chunk) == early:
@@ -1208,6 +1154,12 @@ class StompAdapter:
         except (stomp.exception.StompException, OSError) as exc:
             raise AdapterError(f"cannot write to {self.where}: connection lost "
                                f"({type(exc).__name__})") from None
+        except FrameError as exc:
+            # A NUL or a lone surrogate in a header: no STOMP frame can carry it (the reason
+            # alone is kept: the detail may quote the value). In a batch large enough to go
+            # out in chunks, the chunks before that frame are already written.
+            raise AdapterError(f"a message to {self.where} cannot be sent over STOMP: "
+                               f"{exc.reason}") from None
 
     # -- subscriptions --------------------------------------------------------------------------
 
@@ -1366,11 +1318,11 @@ class StompAdapter:
                    extra: Mapping[str, str] | None = None) -> None:
         """Write an ACK/NACK frame.
 
-        On plain TCP the frame is encoded here and written in one ``send``: stomp.py's
-        generic frame path (listeners, header escaping through regexes) costs ~30 us per
-        ACK, the largest single item of a guarded receive. A plain ACK issued on the receiver
-        thread is written with the other ACKs of the same read turn (:class:`_AckWriter`).
-        TLS goes through stomp.py.
+        On plain TCP the frame is encoded here (the native codec, STOMP 1.2 escaping) and
+        written in one ``send``: stomp.py's generic frame path (listeners, header escaping
+        through regexes) costs ~30 us per ACK, the largest single item of a guarded receive.
+        A plain ACK issued on the receiver thread is written with the other ACKs of the same
+        read turn (:class:`_AckWriter`). TLS goes through stomp.py.
         """
         transport = conn.transport
         writer: _AckWriter | None = getattr(conn, "mqguard_acks", None)
@@ -1380,12 +1332,14 @@ class StompAdapter:
             else:
                 conn.nack(token, transaction=transaction, **(extra or {}))
             return
-        frame = f"{command}\nid:{token.translate(_ESCAPES)}"
-        if transaction is not None:
-            frame += f"\ntransaction:{transaction.translate(_ESCAPES)}"
-        for key, value in (extra or {}).items():
-            frame += f"\n{key}:{value}"
-        encoded = (frame + "\n\n\x00").encode("utf-8")
+        if transaction is None and not extra:
+            encoded = encode_one_header(command, "id", token, "1.2")
+        else:
+            headers = [("id", token)]
+            if transaction is not None:
+                headers.append(("transaction", transaction))
+            headers.extend((extra or {}).items())
+            encoded = encode_bodiless(command, headers, "1.2")
         if command == "ACK" and transaction is None:
             writer.ack(encoded)  # coalesced per read turn (see _AckWriter)
         else:

@@ -4,8 +4,10 @@ The codec itself is native (``mqguard_native``, Rust): :class:`Frame`, :class:`F
 :class:`Oversized`, :func:`encode`, :func:`wire_of`, :func:`encode_bodiless`,
 :func:`encode_one_header` and :func:`with_plain_header` are its classes and functions,
 re-exported here with :class:`FrameError` (raised by them), :data:`HEARTBEAT` and
-:class:`FrameLimits`, which it is given at import. This module adds the policy around it:
-the broker leg's limits and what a broker refuses in a SEND.
+:class:`FrameLimits`, which it is given at import. :func:`encode_send` and
+:func:`parse_received` are the same codec's SEND encoder and stomp.py-compatible reader
+of received frames for the STOMP adapter (``mqguard.adapters.stomp``). This module adds the
+policy around it: the broker leg's limits and what a broker refuses in a SEND.
 
 Wire format (all three versions)::
 
@@ -55,6 +57,8 @@ from mqguard_native import (
     encode,
     encode_bodiless,
     encode_one_header,
+    encode_send,
+    parse_received,
     wire_of,
     with_plain_header,
 )
@@ -86,7 +90,9 @@ __all__ = [
     "encode_bodiless",
     "encode_heartbeat",
     "encode_one_header",
+    "encode_send",
     "limits_tuple",
+    "parse_received",
     "send_refusal",
     "wire_of",
     "with_plain_header",

@@ -11,8 +11,10 @@
 //! `content-length` (the first one) and must be followed by NUL, else to the first NUL.
 //!
 //! Rust callers use [`Decoder`], [`encode`] and [`item_into_py`]; Python sees the same
-//! codec through the classes and functions of [`py`].
+//! codec through the classes and functions of [`py`]. The STOMP adapter's SEND and its
+//! stomp.py-compatible reading of received frames are in `adapter`.
 
+mod adapter;
 mod decode;
 mod encode;
 mod escape;
@@ -21,6 +23,7 @@ mod limits;
 pub mod py;
 mod wire;
 
+pub use adapter::{encode_send, parse_head, split_received, unescape_lenient, ReceivedHeaders};
 pub use decode::Decoder;
 pub use encode::{check_command, encode, encode_checked, encode_parts, wire_of, with_plain_header, HeaderText};
 pub use escape::{escape_into, needs_escape, unescape};

@@ -16,6 +16,7 @@ use super::decode::Decoder;
 use super::encode::{encode_checked as encode_checked_into, encode_parts, HeaderText};
 use super::frame::{FrameError, Item, RawFrame, Version, CLIENT_COMMANDS, SERVER_COMMANDS};
 use super::limits::Limits;
+use super::adapter::{encode_send as encode_send_into, parse_head, split_received};
 use super::wire::without_header_line;
 
 /// The Python objects registered by `init_codec`.
@@ -705,6 +706,56 @@ fn with_plain_header(py: Python<'_>, data: &Bound<'_, PyAny>, name: &str, value:
     }
 }
 
+/// A SEND frame as the STOMP adapter writes it (see `adapter::encode_send`).
+#[pyfunction]
+fn encode_send(py: Python<'_>, destination: &Bound<'_, PyAny>, headers: &Bound<'_, PyAny>, body: &Bound<'_, PyAny>) -> PyResult<Py<PyBytes>> {
+    let body = octets(body)?;
+    let mut pairs: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = Vec::new();
+    if let Ok(dict) = headers.cast::<PyDict>() {
+        pairs.reserve(dict.len());
+        pairs.extend(dict.iter());
+    } else {
+        for item in headers.call_method0("items")?.try_iter()? {
+            pairs.push(header_pair(&item?)?);
+        }
+    }
+    let (destination, destination_lossy) = str_of(destination)?;
+    let mut texts = Vec::with_capacity(pairs.len());
+    for (name, value) in &pairs {
+        texts.push((str_of(name)?, str_of(value)?));
+    }
+    let iter = texts.iter().map(|((name, name_lossy), (value, value_lossy))| {
+        (HeaderText { text: name, lossy: *name_lossy }, HeaderText { text: value, lossy: *value_lossy })
+    });
+    let destination = HeaderText { text: &destination, lossy: destination_lossy };
+    let mut out = Vec::with_capacity(body.len() + 64 + 48 * texts.len());
+    match encode_send_into(destination, iter, &body, &mut out) {
+        Ok(()) => Ok(PyBytes::new(py, &out).unbind()),
+        Err(error) => Err(py_error(py, &error, None)),
+    }
+}
+
+/// A received frame (one, without its NUL) read as `stomp.utils.parse_frame` reads it:
+/// `(command, headers, body)`, or None for a head of empty lines only. Lenient as
+/// stomp.py is (see `received`): an unknown escape is kept, a line without `:` skipped,
+/// invalid UTF-8 replaced; the first occurrence of a name wins.
+#[pyfunction]
+fn parse_received<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let data = octets(data)?;
+    let (head, body) = split_received(&data);
+    let head = String::from_utf8_lossy(head);
+    let Some((command, headers)) = parse_head(&head) else {
+        return Ok(None);
+    };
+    let dict = PyDict::new(py);
+    for (name, value) in &headers {
+        dict.set_item(PyString::new(py, name), PyString::new(py, value))?;
+    }
+    let body = if body.is_empty() { empty_bytes(py) } else { PyBytes::new(py, body).into_any().unbind() };
+    let command = command_string(py, command).into_any();
+    Ok(Some(PyTuple::new(py, [command, dict.into_any().unbind(), body])?))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFrame>()?;
     m.add_class::<PyOversized>()?;
@@ -716,6 +767,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_one_header, m)?)?;
     m.add_function(wrap_pyfunction!(encode_checked, m)?)?;
     m.add_function(wrap_pyfunction!(with_plain_header, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_send, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_received, m)?)?;
     m.add("MAX_WIRE_KEPT", super::frame::MAX_WIRE_KEPT)?;
     Ok(())
 }
