@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from mqguard.sidecar.frames import SERVER_COMMANDS, Frame, FrameDecoder, FrameError, encode
+
 if TYPE_CHECKING:
     from mqguard.sidecar.server import Upstream
 
@@ -163,16 +165,17 @@ class UpstreamProbe:
             return self._last
 
     def _connect_frame(self) -> bytes:
-        lines = ["CONNECT", "accept-version:1.0,1.1,1.2", f"host:{self._vhost}",
-                 "heart-beat:0,0"]
+        headers = [("accept-version", "1.0,1.1,1.2"), ("host", self._vhost),
+                   ("heart-beat", "0,0")]
         if self._login is not None:
-            lines.append(f"login:{self._login}")
+            headers.append(("login", self._login))
         if self._passcode is not None:
-            lines.append(f"passcode:{self._passcode}")
+            headers.append(("passcode", self._passcode))
         # CONNECT headers are not escaped (STOMP 1.2); a line break in a credential would
         # split the frame: the probe then goes without it.
-        lines = [line for line in lines if "\n" not in line and "\r" not in line]
-        return ("\n".join(lines) + "\n\n\x00").encode()
+        headers = [(name, value) for name, value in headers
+                   if "\n" not in value and "\r" not in value]
+        return encode(Frame("CONNECT", headers), "1.0")
 
     async def _probe(self) -> ProbeResult:
         upstream = self.upstream
@@ -184,21 +187,19 @@ class UpstreamProbe:
                     server_hostname=upstream.host if upstream.ssl_context else None)
                 writer.write(self._connect_frame())
                 await writer.drain()
-                frame = (await reader.readuntil(b"\x00")).lstrip(b"\r\n")
-            command, _, rest = frame.partition(b"\n")
-            command = command.rstrip(b"\r")
-            if command == b"CONNECTED":
-                writer.write(b"DISCONNECT\n\n\x00")
+                data = await reader.readuntil(b"\x00")
+            answer = _first_frame(data)
+            if answer is None:
+                return ProbeResult(False, "broker answered CONNECT with a malformed frame",
+                                   time.monotonic())
+            if answer.command == "CONNECTED":
+                writer.write(encode(Frame("DISCONNECT"), "1.0"))
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(writer.drain(), 0.5)
                 return ProbeResult(True, "CONNECTED", time.monotonic())
-            if command == b"ERROR":
-                message = next((line[len(b"message:"):] for line in rest.split(b"\n")
-                                if line.startswith(b"message:")), b"")
-                return ProbeResult(True, "ERROR: " + message.decode("utf-8", "replace")[:200],
-                                   time.monotonic())
-            return ProbeResult(False, f"broker answered CONNECT with {command[:40]!r}",
-                               time.monotonic())
+            # An ERROR: the broker answers, it refused the probe's login.
+            message = answer.get("message") or ""
+            return ProbeResult(True, "ERROR: " + message[:200], time.monotonic())
         except TimeoutError:
             return ProbeResult(False, f"broker did not answer CONNECT within "
                                       f"{self.timeout:g} s", time.monotonic())
@@ -217,3 +218,15 @@ class UpstreamProbe:
                 writer.close()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(writer.wait_closed(), 0.5)
+
+
+def _first_frame(data: bytes) -> Frame | None:
+    """The broker's answer to CONNECT (CONNECTED or ERROR), decoded by the project's
+    codec; None when it is anything else or malformed."""
+    decoder = FrameDecoder(commands=SERVER_COMMANDS - {"MESSAGE", "RECEIPT"}, version="1.0",
+                           keep_wire=False)
+    try:
+        items = decoder.feed(data)
+    except FrameError:
+        return None
+    return next((item for item in items if isinstance(item, Frame)), None)
