@@ -47,8 +47,10 @@ class _Tally:
 
     The per-frame counters are bumped several times per relayed message; a
     ``prometheus_client`` child takes a lock and checks its state on every increment,
-    which cost more than the rest of the bookkeeping. Every bump happens on the
-    sidecar's event loop, so no lock is needed; a scrape (same loop) reads them.
+    which cost more than the rest of the bookkeeping. Every bump happens on one thread
+    (the native runtime's, inside the guard's batch calls) or is a plain assignment of a
+    count the runtime kept (at a scrape), so no lock is needed; a scrape reads them under
+    the GIL.
     """
 
     def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
