@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import logging
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
@@ -189,6 +190,9 @@ class NativeSessions:
         self._handles: dict[int, NativeSessionHandle] = {}
         #: Protocol errors of the runtime's sessions counted in the metrics so far.
         self._protocol_errors = 0
+        #: The runtime's other totals counted in the metrics so far, by (metric, label).
+        self._counted: dict[tuple[str, str], int] = {}
+        self._counting = threading.Lock()
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
 
@@ -246,16 +250,32 @@ class NativeSessions:
         self._handles.clear()
 
     def refresh_metrics(self) -> None:
-        """Copy the runtime's frame counts into ``frames_total`` (before a scrape)."""
+        """Copy the runtime's counts into the metrics (before a scrape): frames, octets
+        read, broker connections failed or lost, malformed broker frames."""
+        metrics = self.metrics
         for direction, command, frames in self.plane.frame_counts():
-            self.metrics.frame_counts(direction)[command].value = float(frames)
+            metrics.frame_counts(direction)[command].value = float(frames)
+        with self._counting:
+            for metric, label, count in self.plane.counters():
+                if metric == "bytes":
+                    metrics.bytes.labels(label).value = float(count)
+                    continue
+                counter = (metrics.upstream_failures if metric == "upstream_failures"
+                           else metrics.protocol_errors)
+                seen = self._counted.get((metric, label), 0)
+                if count > seen:
+                    counter.labels(label).inc(count - seen)
+                    self._counted[(metric, label)] = count
         self._count_protocol_errors()
 
     def _count_protocol_errors(self) -> None:
-        total = self.plane.protocol_errors()
-        if total > self._protocol_errors:
-            self.metrics.protocol_errors.labels("client").inc(total - self._protocol_errors)
-            self._protocol_errors = total
+        # From the runtime's thread (a session ended) and the loop's (a scrape): one at a
+        # time, or both could add the same errors.
+        with self._counting:
+            total = self.plane.protocol_errors()
+            if total > self._protocol_errors:
+                self.metrics.protocol_errors.labels("client").inc(total - self._protocol_errors)
+                self._protocol_errors = total
 
     # -- events --------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ use tokio::time::{timeout_at, Instant};
 use super::bridge::{code, AckItem, Bridge, GuardBatch, MessageItem, SendItem, TxItem};
 use super::chain::{Chain, Output, CHAIN_RECEIPT_PREFIX};
 use super::subs::{Subs, ACK_MODES};
+use super::tally::UpstreamFailure;
 use super::wire::{error_frame, first_headers, receipt_frame, remove_header, set_header};
 use crate::stomp::{encode, wire_of, with_plain_header, FrameError, Item, RawFrame, Version};
 use crate::transport::events::Event;
@@ -188,6 +189,7 @@ impl Session {
             match event {
                 Event::Items(id, items, size, error) if id == self.id => {
                     self.client.drained(size);
+                    self.config.tally.read(true, size);
                     let mut items = items.into_iter();
                     let first = items.by_ref().find_map(|item| match item {
                         Item::Frame(frame) => Some(frame),
@@ -242,11 +244,13 @@ impl Session {
                 return Err("broker-refused".into());
             }
             Ok(Err(text)) => {
+                self.config.tally.upstream_failure(UpstreamFailure::Connect);
                 let detail = format!("{}: {text}", self.config.upstream_where);
                 self.send_error("broker unreachable", None, &detail);
                 return Err("broker-refused".into());
             }
             Err(_) => {
+                self.config.tally.upstream_failure(UpstreamFailure::Connect);
                 let detail = format!("{}: timed out", self.config.upstream_where);
                 self.send_error("broker unreachable", None, &detail);
                 return Err("broker-refused".into());
@@ -267,6 +271,7 @@ impl Session {
                 Ok(Some(event)) => event,
                 Ok(None) => return Err("broker-refused".into()),
                 Err(_) => {
+                    self.config.tally.upstream_failure(UpstreamFailure::Connect);
                     self.send_error(&format!("broker did not answer CONNECT within {seconds} s"), None, "");
                     return Err("broker-refused".into());
                 }
@@ -274,6 +279,7 @@ impl Session {
             match event {
                 Event::Items(id, items, size, error) if id == broker.id => {
                     broker.drained(size);
+                    self.config.tally.read(false, size);
                     let mut items = items.into_iter();
                     let first = items.by_ref().find_map(|item| match item {
                         Item::Frame(frame) => Some(frame),
@@ -281,6 +287,7 @@ impl Session {
                     });
                     let Some(frame) = first else {
                         if error.is_some() {
+                            self.config.tally.broker_protocol_error();
                             self.send_error("the broker sent a malformed frame during CONNECT", None, "");
                             return Err("broker-refused".into());
                         }
@@ -302,6 +309,7 @@ impl Session {
                     return self.connected(frame, &broker).await;
                 }
                 Event::Eof(id) | Event::Closed(id, _) if id == broker.id => {
+                    self.config.tally.upstream_failure(UpstreamFailure::Connect);
                     self.send_error("broker closed the connection during CONNECT", None, "");
                     return Err("broker-refused".into());
                 }
@@ -408,6 +416,7 @@ impl Session {
         match event {
             Event::Items(id, items, size, error) if id == self.id => {
                 self.client.drained(size);
+                self.config.tally.read(true, size);
                 if self.client_over.is_some() {
                     return;
                 }
@@ -428,9 +437,11 @@ impl Session {
                 if let Some(broker) = &self.broker {
                     broker.drained(size);
                 }
+                self.config.tally.read(false, size);
                 if let Some(outcome) = self.on_broker_items(items).await {
                     self.broker_over = Some(outcome);
                 } else if let Some(error) = error {
+                    self.config.tally.broker_protocol_error();
                     self.broker_over = Some(format!("broker sent a malformed frame: {}", error.reason));
                 }
             }
@@ -443,6 +454,11 @@ impl Session {
                 self.client_over.get_or_insert_with(|| "client-lost".into());
             }
             Event::Eof(id) | Event::Closed(id, _) if id == broker_id => {
+                if self.broker_over.is_none() && !self.disconnect_sent && !self.ending {
+                    // The broker went while the client was still being served (not after
+                    // a DISCONNECT, an ERROR or a drain: the session ended those itself).
+                    self.config.tally.upstream_failure(UpstreamFailure::Lost);
+                }
                 self.broker_over = Some("broker-closed".into());
             }
             Event::Released(key) => {

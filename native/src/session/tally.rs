@@ -1,14 +1,29 @@
-//! Frames relayed by every native session, by direction and command, for `/metrics`
-//! (read when it is scraped, never pushed per frame).
+//! What every native session did, for `/metrics` (read when it is scraped, never pushed
+//! per frame): frames relayed by direction and command, octets read per leg, broker
+//! connections that failed or were lost, malformed frames from the broker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::stomp::{CLIENT_COMMANDS, SERVER_COMMANDS};
 
+/// A broker connection that failed while a session set it up, or was lost after.
+#[derive(Clone, Copy)]
+pub enum UpstreamFailure {
+    /// Unreachable, timed out, or closed before its CONNECTED.
+    Connect,
+    /// Closed by the broker while the session ran.
+    Lost,
+}
+
 #[derive(Default)]
 pub struct FrameTally {
     client: [AtomicU64; CLIENT_COMMANDS.len()],
     broker: [AtomicU64; SERVER_COMMANDS.len()],
+    client_bytes: AtomicU64,
+    broker_bytes: AtomicU64,
+    upstream_connect: AtomicU64,
+    upstream_lost: AtomicU64,
+    broker_protocol_errors: AtomicU64,
 }
 
 impl FrameTally {
@@ -22,6 +37,39 @@ impl FrameTally {
         if let Some(i) = SERVER_COMMANDS.iter().position(|c| *c == command) {
             self.broker[i].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// `octets` read from the client (`client`) or from the broker.
+    pub fn read(&self, client: bool, octets: usize) {
+        let counter = if client { &self.client_bytes } else { &self.broker_bytes };
+        counter.fetch_add(octets as u64, Ordering::Relaxed);
+    }
+
+    pub fn upstream_failure(&self, kind: UpstreamFailure) {
+        match kind {
+            UpstreamFailure::Connect => &self.upstream_connect,
+            UpstreamFailure::Lost => &self.upstream_lost,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The broker sent a frame the codec refused (the session ends).
+    pub fn broker_protocol_error(&self) {
+        self.broker_protocol_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(metric, label, count)`: octets read (`bytes`, `client` / `broker`), broker
+    /// connections failed (`upstream_failures`, `connect` / `lost`), malformed broker
+    /// frames (`protocol_errors`, `broker`); totals since the plane started.
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        vec![
+            ("bytes", "client", load(&self.client_bytes)),
+            ("bytes", "broker", load(&self.broker_bytes)),
+            ("upstream_failures", "connect", load(&self.upstream_connect)),
+            ("upstream_failures", "lost", load(&self.upstream_lost)),
+            ("protocol_errors", "broker", load(&self.broker_protocol_errors)),
+        ]
     }
 
     /// `(direction, command, frames)` for every command seen so far.
@@ -48,5 +96,27 @@ mod tests {
         tally.broker("RECEIPT");
         tally.client("BOGUS");
         assert_eq!(tally.snapshot(), vec![("client", "SEND", 2), ("broker", "RECEIPT", 1)]);
+    }
+
+    #[test]
+    fn counts_octets_failures_and_broker_errors() {
+        let tally = FrameTally::default();
+        tally.read(true, 120);
+        tally.read(false, 30);
+        tally.read(false, 12);
+        tally.upstream_failure(UpstreamFailure::Connect);
+        tally.upstream_failure(UpstreamFailure::Lost);
+        tally.upstream_failure(UpstreamFailure::Lost);
+        tally.broker_protocol_error();
+        assert_eq!(
+            tally.counters(),
+            vec![
+                ("bytes", "client", 120),
+                ("bytes", "broker", 42),
+                ("upstream_failures", "connect", 1),
+                ("upstream_failures", "lost", 2),
+                ("protocol_errors", "broker", 1),
+            ]
+        );
     }
 }

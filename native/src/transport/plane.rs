@@ -357,6 +357,12 @@ impl Plane {
         self.inner.tally.snapshot()
     }
 
+    /// The native sessions' other totals for `/metrics`: `(metric, label, count)` (see
+    /// `session::tally`).
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.inner.tally.counters()
+    }
+
     /// Work the guard did off the receipt chain for `session` is done: what waits
     /// behind hold `key` (receipts, a DISCONNECT) may go.
     fn release(&self, session: u64, key: u64) {
