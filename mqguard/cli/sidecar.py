@@ -62,8 +62,9 @@ class JsonLogFormatter(logging.Formatter):
               show_default=True, help="Log lines as text or as one JSON object each.")
 @click.option("--event-loop", "event_loop", type=click.Choice(LOOP_KINDS), default="auto",
               show_default=True,
-              help="asyncio's own loop, or uvloop (faster; mqguard[sidecar] installs it). "
-                   "auto: uvloop when installed.")
+              help="The event loop of the admin port and signal handling (sessions run "
+                   "in the native runtime): asyncio's own, or uvloop (mqguard[sidecar] "
+                   "installs it). auto: uvloop when installed.")
 def sidecar(protocol: str, listen: str, upstream: str, config_path: str | None, admin: str | None,
             tls_cert: str | None, tls_key: str | None, upstream_ca: str | None,
             upstream_insecure: bool, reap_addresses: tuple[str, ...],
