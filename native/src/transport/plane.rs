@@ -388,6 +388,12 @@ impl Plane {
         self.inner.tally.snapshot()
     }
 
+    /// `(sends, deliveries)` the native sessions passed on without the guard (it had
+    /// nothing to do with them).
+    fn bypassed(&self) -> (u64, u64) {
+        self.inner.tally.bypassed()
+    }
+
     /// Work the guard did off the receipt chain for `session` is done: what waits
     /// behind hold `key` (receipts, a DISCONNECT) may go.
     fn release(&self, session: u64, key: u64) {
