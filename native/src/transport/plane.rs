@@ -196,9 +196,17 @@ impl Host for SessionHost {
             };
             let (shared, rx) = inner.new_leg(decoder);
             shared.set_sink(sink);
+            // Quick-acks on demand only: the session asks for them where it caused the
+            // broker's answer itself (see `Shared::quick_ack`).
             match upstream {
-                Upstream::Plain(tcp) => inner.start_plain(tcp, shared.clone(), rx, true),
-                Upstream::Tls(stream) => inner.start(*stream, shared.clone(), rx, true),
+                Upstream::Plain(tcp) => {
+                    shared.set_quick_ack(leg::quick_ack_of(&tcp));
+                    inner.start_plain(tcp, shared.clone(), rx, false);
+                }
+                Upstream::Tls(stream) => {
+                    shared.set_quick_ack(leg::quick_ack_of(stream.as_ref()));
+                    inner.start(*stream, shared.clone(), rx, false);
+                }
             }
             Ok(shared)
         })
