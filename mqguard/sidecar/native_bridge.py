@@ -31,14 +31,25 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from mqguard.adapter import Delivery
 from mqguard.context import HookContext
 from mqguard.errors import AdapterError, Nack
-from mqguard.message import Message, new_message_id
-from mqguard.pipeline import SendResult, TransactionState
-from mqguard.sidecar.frames import Frame, FrameLimits, encode, limits_tuple, send_refusal
+from mqguard.events import NullEventLog
+from mqguard.message import GUARD_HEADERS, Message, new_message_id
+from mqguard.pipeline import Guard, SendResult, TransactionState
+from mqguard.sidecar.frames import (
+    BROKER_ADDED_BYTES,
+    BROKER_ADDED_HEADERS,
+    BROKER_STOMP_LIMITS,
+    COPY_ADDED_HEADERS,
+    Frame,
+    FrameLimits,
+    encode,
+    limits_tuple,
+    send_refusal,
+)
 from mqguard.sidecar.guarding import message_of_send
 from mqguard.sidecar.native_oversized import OversizedItem, settle_oversized
 from mqguard.sidecar.native_transactions import BridgedTransaction, TransactionFrames
@@ -68,6 +79,7 @@ from mqguard.sidecar.native_verdicts import (
 from mqguard.sidecar.upstream import UpstreamLeg
 from mqguard.stomp_brokers import (
     BROKER_MESSAGE_HEADERS,
+    RESERVED_SEND_HEADERS,
     address_of,
     destination_of,
     detect_broker,
@@ -81,8 +93,9 @@ if TYPE_CHECKING:
 
     from mqguard.sidecar.server import Sidecar
 
-__all__ = ["BridgedSession", "NativeClient", "NativeSessionHandle", "NativeSessions",
-           "outcome_label"]
+__all__ = ["BYPASS_DELIVERIES", "BYPASS_SENDS", "NACK_REQUEUE", "BridgedSession",
+           "NativeClient", "NativeSessionHandle", "NativeSessions", "bypass_flags",
+           "outcome_label", "send_bounds"]
 
 log = logging.getLogger("mqguard.sidecar")
 
@@ -93,6 +106,27 @@ STOP_GRACE = 3.0
 #: (native/src/transport/plane.rs): why is "max" (max-connections), "fd" (no descriptor
 #: left to accept it), "tls", or "upstream-fd" (none left for its broker connection).
 _REFUSED = 6
+
+#: What a session may do without the guard (``native/src/session/bypass.rs``): forward
+#: SENDs outside transactions, deliver MESSAGEs and settle them.
+BYPASS_SENDS: Final = 1
+BYPASS_DELIVERIES: Final = 2
+#: The broker's NACK requeues (its capability): a bypassed NACK is passed on.
+NACK_REQUEUE: Final = 4
+
+#: The hooks a SEND outside transactions goes through (decide_sends, settle_sends).
+_SEND_HOOKS: Final = ("before_send", "before_send_batch", "after_send", "after_send_batch",
+                      "on_send_exception")
+#: The hooks a delivery goes through (open_deliveries, finish_deliveries, a NACK's failure).
+_DELIVERY_HOOKS: Final = ("before_deliver", "before_deliver_batch", "after_deliver",
+                          "after_deliver_batch", "on_handler_failure", "message_acknowledged",
+                          "message_acknowledged_batch", "message_nacked")
+#: SEND headers that need this module even when no plugin looks at SENDs: names
+#: send_headers refuses, the expirations it converts, the guard's own fields.
+_GUARDED_SEND_HEADERS: Final = "\n".join(
+    sorted(RESERVED_SEND_HEADERS | GUARD_HEADERS | {"expires", "expiration"})).encode()
+#: Room left for the sidecar's receipt line below the size send_refusal allows.
+_RECEIPT_ROOM: Final = 1024
 
 class NativeClient:
     """A native session's client connection as the Python side knows it: its peer (the
@@ -195,6 +229,10 @@ class NativeSessions:
         self._counting = threading.Lock()
         self._fd = self.plane.wake_fd()
         loop.add_reader(self._fd, self.dispatch)
+        #: What the sessions may do without the guard: decided once, plugins are fixed.
+        self.bypass = bypass_flags(self.guard)
+        #: Bypassed sends and deliveries counted in the metrics so far.
+        self._bypassed = (0, 0)
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -267,6 +305,15 @@ class NativeSessions:
                     counter.labels(label).inc(count - seen)
                     self._counted[(metric, label)] = count
         self._count_protocol_errors()
+        # What the sessions passed on without the guard counts as the guard's CONTINUE.
+        sends, deliveries = self.plane.bypassed()
+        counted_sends, counted_deliveries = self._bypassed
+        if sends > counted_sends:
+            self.metrics.messages.labels("send", "continue").inc(sends - counted_sends)
+        if deliveries > counted_deliveries:
+            self.metrics.messages.labels("deliver", "continue").inc(
+                deliveries - counted_deliveries)
+        self._bypassed = (sends, deliveries)
 
     def _count_protocol_errors(self) -> None:
         # From the runtime's thread (a session ended) and the loop's (a scrape): one at a
@@ -337,7 +384,7 @@ class NativeSessions:
             self.metrics.connections.inc()
             log.info("session %s: %s connected through to %s (STOMP %s)", opened.label,
                      opened.peer, opened.broker, version)
-            return [(LOCAL, 0, opened.broker, b"")]
+            return self._opened(opened)
         if kind == ENDED:
             outcome, failed, lost = cast(tuple[str, list[int], int], data)
             gone = self._sessions.pop(session_id, None)
@@ -394,6 +441,19 @@ class NativeSessions:
                 session.pending.pop(token, None)
                 session.leg.forget(token)  # the broker takes them back
         return []
+
+    def _opened(self, session: BridgedSession) -> list[Verdict]:
+        """The verdicts of a session's OPEN: its broker kind, and what it may do without
+        the guard (``native/src/session/bypass.rs``)."""
+        flags = self.bypass
+        if flags & BYPASS_DELIVERIES and session.leg.capabilities.nack_requeue:
+            flags |= NACK_REQUEUE
+        if not flags & BYPASS_SENDS:
+            return [(LOCAL, flags, session.broker, b"")]
+        # The session's SENDs get ids of a producer of their own: its numbers never meet
+        # those this side gives the SENDs it still decides (session.producer_id).
+        return [(LOCAL, flags, session.broker, new_message_id().encode()),
+                *send_bounds(session.broker, self.sidecar.broker_limits)]
 
     def _ended(self, session: BridgedSession, outcome: str, failed: list[int], lost: int) -> None:
         sent = session.sent
@@ -605,6 +665,45 @@ class NativeSessions:
         except AdapterError:
             return LOCAL_VERDICT
         return (HOLD, key, "", b"")
+
+
+def bypass_flags(guard: Guard) -> int:
+    """What native sessions may do without ``guard``: with no event log, the SENDs
+    outside transactions when no plugin implements a send hook (BYPASS_SENDS), the
+    deliveries when none implements a delivery hook (BYPASS_DELIVERIES)."""
+    if not isinstance(guard.events, NullEventLog):
+        return 0
+    hook = guard.hook
+
+    def idle(names: tuple[str, ...]) -> bool:
+        return not any(getattr(hook, name).get_hookimpls() for name in names)
+
+    return ((BYPASS_SENDS if idle(_SEND_HOOKS) else 0)
+            | (BYPASS_DELIVERIES if idle(_DELIVERY_HOOKS) else 0))
+
+
+def send_bounds(broker: str, leg: FrameLimits | None) -> list[Verdict]:
+    """The bounds within which a SEND to ``broker`` can be forwarded without asking
+    :func:`~mqguard.sidecar.frames.send_refusal` (which a SEND outside them still is):
+    encoded size, header count (destination and ``mqguard-id`` included), header block
+    length; the last verdict also names the headers that need this module, one per line.
+    Within them no limit of the broker nor of the broker leg ``leg`` can be exceeded."""
+    unbounded = 1 << 62
+    max_bytes = max_headers = max_head = unbounded
+    if leg is not None:
+        max_bytes = leg.max_frame_bytes - BROKER_ADDED_BYTES - _RECEIPT_ROOM
+        max_headers = leg.max_header_count - BROKER_ADDED_HEADERS - 1
+        max_head = leg.max_header_line_bytes
+    known = BROKER_STOMP_LIMITS.get(broker)
+    if known is not None:
+        if known.max_body_bytes is not None:
+            max_bytes = min(max_bytes, known.max_body_bytes)
+        if known.max_header_count is not None:
+            max_headers = min(max_headers, known.max_header_count - COPY_ADDED_HEADERS - 1)
+        if known.max_header_line_bytes is not None:
+            max_head = min(max_head, known.max_header_line_bytes)
+    return [(LOCAL, max(0, max_bytes), "", b""), (LOCAL, max(0, max_headers), "", b""),
+            (LOCAL, max(0, max_head), "", _GUARDED_SEND_HEADERS)]
 
 
 def outcome_label(outcome: str) -> str:

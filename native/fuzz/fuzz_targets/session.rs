@@ -35,6 +35,8 @@ fuzz_target!(|input: &[u8]| {
         broker_noise: noise.to_vec(),
         oversized: flags & 0x10 != 0,
         guard_fails_at: (flags & 0x20 != 0 && *fails != 0).then_some(usize::from(*fails)),
+        // The fail counter's high bits: what the guard lets the session do alone.
+        bypass: u64::from(*fails >> 5),
     };
     if let Err(broken) = run(&script) {
         panic!("{broken}\n{script:?}");

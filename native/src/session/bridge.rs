@@ -72,6 +72,8 @@ pub struct AckItem {
     pub nack: bool,
     pub tokens: Vec<String>,
     pub receipt: Option<String>,
+    /// The subscription the tokens belong to (not handed to Python).
+    pub sub: String,
 }
 
 /// A frame of a client transaction (BEGIN, COMMIT, ABORT, a SEND or ACK/NACK inside

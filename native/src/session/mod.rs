@@ -4,6 +4,7 @@
 //! docs/sidecar.md, "The native-session data plane").
 
 pub mod bridge;
+pub mod bypass;
 pub mod chain;
 pub mod run;
 #[cfg(any(test, feature = "script"))]

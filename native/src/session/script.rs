@@ -56,6 +56,8 @@ pub struct Script {
     pub oversized: bool,
     /// The guard fails (raises) on its batch of this number.
     pub guard_fails_at: Option<usize>,
+    /// What the guard lets the session do without it (`bypass` flags).
+    pub bypass: u64,
 }
 
 /// How a run ended.
@@ -169,6 +171,7 @@ impl Broker {
 
 /// The scripted guard's verdicts on one batch (None: it failed).
 struct Guard {
+    bypass: u64,
     batches: usize,
     fails_at: Option<usize>,
     version: Version,
@@ -197,7 +200,14 @@ impl Guard {
         Some(match batch {
             GuardBatch::Open(_, _, version, ..) => {
                 self.version = Version::parse(&version).unwrap_or(Version::V10);
-                vec![(code::LOCAL, 0, "activemq".into(), Vec::new())]
+                let mut verdicts = vec![(code::LOCAL, self.bypass, "activemq".into(), b"P".to_vec())];
+                if self.bypass & super::bypass::SENDS != 0 {
+                    // Small bounds: the scripted big SENDs still go to the guard.
+                    verdicts.push((code::LOCAL, 256, String::new(), Vec::new()));
+                    verdicts.push((code::LOCAL, 8, String::new(), Vec::new()));
+                    verdicts.push((code::LOCAL, 200, String::new(), b"expires\nid".to_vec()));
+                }
+                verdicts
             }
             GuardBatch::Sends(items) => items
                 .into_iter()
@@ -342,6 +352,7 @@ async fn drive(script: &Script) -> Result<Outcome, Broken> {
         closing: false,
     };
     let mut guard = Guard {
+        bypass: script.bypass,
         batches: 0,
         fails_at: script.guard_fails_at,
         version: Version::V10,
@@ -508,6 +519,7 @@ mod tests {
             broker_noise: Vec::new(),
             oversized: false,
             guard_fails_at: None,
+            bypass: 0,
         }
     }
 
@@ -527,6 +539,39 @@ mod tests {
         assert_eq!(frames.first().map(|f| f.command.as_str()), Some("CONNECTED"));
         let receipts: Vec<_> = frames.iter().filter_map(|f| f.get("receipt-id")).collect();
         assert_eq!(receipts, ["r1", "bye"]);
+    }
+
+    #[test]
+    fn sends_the_guard_need_not_see_are_forwarded_without_it() {
+        let mut client = connect("1.2");
+        client.extend_from_slice(b"SUBSCRIBE\nid:1\ndestination:/queue/a\nack:client-individual\n\n\0");
+        for i in 1..=4 {
+            client.extend_from_slice(format!("SEND\ndestination:/queue/a\nreceipt:r{i}\n\nm{i}\0").as_bytes());
+        }
+        // The same SENDs with an `expires` go to the guard, which answers the 4th itself.
+        for i in 5..=8 {
+            client.extend_from_slice(format!("SEND\ndestination:/queue/a\nexpires:1\nreceipt:r{i}\n\nm{i}\0").as_bytes());
+        }
+        client.extend_from_slice(b"DISCONNECT\nreceipt:bye\n\n\0");
+        let bodies = |bypass: u64| {
+            let mut run_of = script(client.clone());
+            run_of.bypass = bypass;
+            let outcome = run(&run_of).unwrap();
+            assert_eq!(outcome.outcome, "disconnect");
+            let receipts: Vec<_> = outcome.to_client.iter().filter_map(|f| f.get("receipt-id")).collect();
+            assert_eq!(receipts, ["r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "bye"]);
+            outcome
+                .to_client
+                .iter()
+                .filter(|f| f.command == "MESSAGE")
+                .map(|f| String::from_utf8_lossy(&f.body).into_owned())
+                .collect::<Vec<_>>()
+        };
+        // The scripted guard answers every 4th SEND of the session itself (a duplicate)
+        // and takes the delivery whose token ends in 7.
+        assert_eq!(bodies(0), ["waiting", "m1", "m2", "m3", "m5", "m6"]);
+        let everything = super::super::bypass::SENDS | super::super::bypass::DELIVERIES;
+        assert_eq!(bodies(everything), ["waiting", "m1", "m2", "m3", "m4", "m5", "m6", "m7"]);
     }
 
     #[test]
@@ -615,9 +660,9 @@ mod tests {
             (proptest::option::weighted(0.9, prop_oneof![Just("1.2"), Just("1.1"), Just("1.0")]),
              proptest::collection::vec(piece(), 0..12)),
             (1usize..200, any::<bool>(), proptest::option::of(1usize..12), any::<bool>()),
-            (0u8..8, proptest::collection::vec(any::<u8>(), 0..30), any::<bool>(), proptest::option::of(1usize..8)),
+            (0u8..8, proptest::collection::vec(any::<u8>(), 0..30), any::<bool>(), proptest::option::of(1usize..8), 0u64..8),
         )
-            .prop_map(|((version, pieces), (step, tight, stop_after, client_eof), (answer, noise, oversized, fails))| {
+            .prop_map(|((version, pieces), (step, tight, stop_after, client_eof), (answer, noise, oversized, fails, bypass))| {
                 let mut client = version.map(connect).unwrap_or_default();
                 client.extend(pieces.concat());
                 Script {
@@ -636,6 +681,7 @@ mod tests {
                     broker_noise: if answer == 7 { noise } else { Vec::new() },
                     oversized,
                     guard_fails_at: fails.filter(|_| answer == 6),
+                    bypass,
                 }
             })
     }

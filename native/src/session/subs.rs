@@ -66,6 +66,11 @@ impl Subs {
         }
     }
 
+    /// The subscription of a tracked `token`.
+    pub fn sub_of(&self, token: &str) -> Option<&str> {
+        self.tokens.get(token).map(String::as_str)
+    }
+
     /// Whether the guard tracks `token` (else an ACK of it goes to the broker as is).
     pub fn tracks(&self, token: &str) -> bool {
         self.tokens.contains_key(token)

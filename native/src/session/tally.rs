@@ -24,9 +24,24 @@ pub struct FrameTally {
     upstream_connect: AtomicU64,
     upstream_lost: AtomicU64,
     broker_protocol_errors: AtomicU64,
+    /// SENDs forwarded and MESSAGEs delivered without the guard (see `bypass`).
+    bypassed: [AtomicU64; 2],
 }
 
 impl FrameTally {
+    pub fn bypassed_send(&self) {
+        self.bypassed[0].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn bypassed_delivery(&self) {
+        self.bypassed[1].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(sends, deliveries)` that went without the guard so far.
+    pub fn bypassed(&self) -> (u64, u64) {
+        (self.bypassed[0].load(Ordering::Relaxed), self.bypassed[1].load(Ordering::Relaxed))
+    }
+
     pub fn client(&self, command: &str) {
         if let Some(i) = CLIENT_COMMANDS.iter().position(|c| *c == command) {
             self.client[i].fetch_add(1, Ordering::Relaxed);
@@ -96,6 +111,10 @@ mod tests {
         tally.broker("RECEIPT");
         tally.client("BOGUS");
         assert_eq!(tally.snapshot(), vec![("client", "SEND", 2), ("broker", "RECEIPT", 1)]);
+        tally.bypassed_send();
+        tally.bypassed_delivery();
+        tally.bypassed_delivery();
+        assert_eq!(tally.bypassed(), (1, 2));
     }
 
     #[test]

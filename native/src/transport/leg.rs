@@ -156,6 +156,8 @@ pub struct Shared {
     handshake: Mutex<Option<HandshakeBudget>>,
     /// Whether `handshake` holds a budget: the reads of every other leg skip its lock.
     handshaking: AtomicBool,
+    /// A socket for quick-acks on demand (see `quick_ack`); None once the leg closed.
+    quick_ack: Mutex<Option<socket2::Socket>>,
 }
 
 impl Shared {
@@ -176,7 +178,22 @@ impl Shared {
             sink: Mutex::new(None),
             handshake: Mutex::new(None),
             handshaking: AtomicBool::new(false),
+            quick_ack: Mutex::new(None),
         })
+    }
+
+    /// The socket to send quick-acks through when `quick_ack` is called (a duplicate,
+    /// see `quick_ack_of`), instead of after every read.
+    pub fn set_quick_ack(&self, socket: Option<socket2::Socket>) {
+        *self.quick_ack.lock().unwrap_or_else(|e| e.into_inner()) = socket;
+    }
+
+    /// Acknowledge what was read at once (TCP_QUICKACK), if the leg is still open: a
+    /// peer writing with Nagle on then sends what it holds back behind that data.
+    pub fn quick_ack(&self) {
+        if let Some(socket) = self.quick_ack.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = socket.set_tcp_quickack(true);
+        }
     }
 
     /// Hand this leg's reads, end of stream and closing to `sink` from now on.
@@ -492,6 +509,8 @@ pub async fn run<S: Io + 'static>(
         drop(writer);
     }
     drop(quick_ack);
+    // The duplicate would keep the connection open.
+    shared.set_quick_ack(None);
     rx.close();
     let error = outcome.map(|e| (e.raw_os_error().unwrap_or(0), e.to_string()));
     shared.emit(&events, Event::Closed(shared.id, error));

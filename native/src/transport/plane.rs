@@ -188,9 +188,17 @@ impl Host for SessionHost {
             };
             let (shared, rx) = inner.new_leg(decoder);
             shared.set_sink(sink);
+            // Quick-acks on demand only: the session asks for them where it caused the
+            // broker's answer itself (see `Shared::quick_ack`).
             match upstream {
-                Upstream::Plain(tcp) => inner.start_plain(tcp, shared.clone(), rx, true),
-                Upstream::Tls(stream) => inner.start(*stream, shared.clone(), rx, true),
+                Upstream::Plain(tcp) => {
+                    shared.set_quick_ack(leg::quick_ack_of(&tcp));
+                    inner.start_plain(tcp, shared.clone(), rx, false);
+                }
+                Upstream::Tls(stream) => {
+                    shared.set_quick_ack(leg::quick_ack_of(stream.as_ref()));
+                    inner.start(*stream, shared.clone(), rx, false);
+                }
             }
             Ok(shared)
         })
@@ -361,6 +369,12 @@ impl Plane {
     /// `session::tally`).
     fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
         self.inner.tally.counters()
+    }
+
+    /// `(sends, deliveries)` the native sessions passed on without the guard (it had
+    /// nothing to do with them).
+    fn bypassed(&self) -> (u64, u64) {
+        self.inner.tally.bypassed()
     }
 
     /// Work the guard did off the receipt chain for `session` is done: what waits
