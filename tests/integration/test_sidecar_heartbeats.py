@@ -4,12 +4,12 @@ one cannot be made to send its EOLs in a given pattern)."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import stomp  # type: ignore[import-untyped]
+from mqguard_tests.scripted_broker import ScriptedBroker
 
 from mqguard.config import parse_config
 from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
@@ -27,55 +27,17 @@ class Client(stomp.ConnectionListener):  # type: ignore[misc]
         self.messages.append(frame)
 
 
-class ScriptedBroker:
-    """A STOMP 1.2 broker of one script: CONNECTED to every CONNECT; to a SUBSCRIBE, two
-    heart-beat EOLs in one write, then (a read later) one MESSAGE; RECEIPTs as asked."""
+class HeartbeatBroker(ScriptedBroker):
+    """To a SUBSCRIBE: two heart-beat EOLs in one write, then (a read later) one MESSAGE."""
 
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.threads: list[threading.Thread] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-
-    def _serve(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buffer = b""
-        with sock:
-            while True:
-                while b"\0" not in buffer:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        return
-                    buffer += chunk
-                raw, _, buffer = buffer.partition(b"\0")
-                lines = raw.lstrip(b"\r\n").decode().split("\n")
-                headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
-                if lines[0] in ("CONNECT", "STOMP"):
-                    sock.sendall(b"CONNECTED\nversion:1.2\nheart-beat:0,0\n"
-                                 b"server:scripted/1\n\n\0")
-                elif lines[0] == "SUBSCRIBE":
-                    sock.sendall(b"\n\n")
-                    time.sleep(0.2)  # the MESSAGE comes in a read of its own
-                    sock.sendall(f"MESSAGE\nsubscription:{headers['id']}\n"
-                                 f"destination:{headers['destination']}\nmessage-id:m-1\n"
-                                 "ack:a-1\ncontent-length:5\n\nhello\0\n".encode())
-                if "receipt" in headers:
-                    sock.sendall(f"RECEIPT\nreceipt-id:{headers['receipt']}\n\n\0".encode())
-                if lines[0] == "DISCONNECT":
-                    return
-
-    def close(self) -> None:
-        self.listener.close()
+    def answer(self, sock: socket.socket, command: str, headers: dict[str, str]) -> bool:
+        if command == "SUBSCRIBE":
+            sock.sendall(b"\n\n")
+            time.sleep(0.2)  # the MESSAGE comes in a read of its own
+            sock.sendall(f"MESSAGE\nsubscription:{headers['id']}\n"
+                         f"destination:{headers['destination']}\nmessage-id:m-1\n"
+                         "ack:a-1\ncontent-length:5\n\nhello\0\n".encode())
+        return super().answer(sock, command, headers)
 
 
 def test_bunched_broker_heart_beats_do_not_hide_the_next_frame(tmp_path: Path) -> None:
@@ -83,7 +45,7 @@ def test_bunched_broker_heart_beats_do_not_hide_the_next_frame(tmp_path: Path) -
     two EOLs read at once, before a frame, for that frame's start and drops the frame
     (which stalled a consumer on RabbitMQ, whose EOL after a frame's NUL often arrives in
     a read of its own)."""
-    broker = ScriptedBroker()
+    broker = HeartbeatBroker()
     config = parse_config({"mqguard": {
         "node-id": "heartbeat-test", "message-expiry-scan-period": -1,
         "event-log": {"directory": str(tmp_path / "events"), "flush-interval-ms": 20}}})

@@ -6,10 +6,10 @@ broker (a real one cannot be made to send a malformed frame) and against nothing
 from __future__ import annotations
 
 import socket
-import threading
 import urllib.request
 from pathlib import Path
 
+from mqguard_tests.scripted_broker import ScriptedBroker
 from mqguard_tests.stomp_clients import RawClient, connect_frame
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,51 +18,18 @@ from mqguard.sidecar.server import Sidecar, SidecarThread, parse_upstream
 from mqguard.testing.waiting import wait_for
 
 
-class ScriptedBroker:
-    """CONNECTED to every CONNECT, RECEIPTs as asked; to a SEND to ``/queue/close`` it
-    closes the connection, to one to ``/queue/garbage`` it answers a malformed frame."""
+class ClosingBroker(ScriptedBroker):
+    """To a SEND to ``/queue/close`` it closes the connection, to one to
+    ``/queue/garbage`` it answers a malformed frame."""
 
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        buffer = b""
-        with sock:
-            while True:
-                while b"\0" not in buffer:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        return
-                    buffer += chunk
-                raw, _, buffer = buffer.partition(b"\0")
-                lines = raw.lstrip(b"\r\n").decode().split("\n")
-                headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
-                if lines[0] in ("CONNECT", "STOMP"):
-                    sock.sendall(b"CONNECTED\nversion:1.2\nheart-beat:0,0\n\n\0")
-                    continue
-                destination = headers.get("destination", "")
-                if destination == "/queue/close":
-                    return
-                if destination == "/queue/garbage":
-                    sock.sendall(b"MESSAGE\nbad\\qescape:x\n\n\0")
-                    continue
-                if "receipt" in headers:
-                    sock.sendall(f"RECEIPT\nreceipt-id:{headers['receipt']}\n\n\0".encode())
-                if lines[0] == "DISCONNECT":
-                    return
-
-    def close(self) -> None:
-        self.listener.close()
+    def answer(self, sock: socket.socket, command: str, headers: dict[str, str]) -> bool:
+        destination = headers.get("destination", "")
+        if command == "SEND" and destination == "/queue/close":
+            return False
+        if command == "SEND" and destination == "/queue/garbage":
+            sock.sendall(b"MESSAGE\nbad\\qescape:x\n\n\0")
+            return True
+        return super().answer(sock, command, headers)
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -97,7 +64,7 @@ def _session(port: int, destination: str) -> list[str]:
 
 def test_octets_lost_connections_and_malformed_broker_frames_are_counted(
         tmp_path: Path) -> None:
-    broker = ScriptedBroker()
+    broker = ClosingBroker()
     try:
         with SidecarThread(_sidecar(tmp_path, f"stomp://127.0.0.1:{broker.port}")) as proxy:
             admin = proxy.admin_port

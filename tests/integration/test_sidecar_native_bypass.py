@@ -9,13 +9,12 @@ way, and the flags follow the plugins and the event log.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import stomp  # type: ignore[import-untyped]
+from mqguard_tests.stomp_clients import RecordingClient
 
 from mqguard.config import parse_config
 from mqguard.message import now_ms, split_derived_id
@@ -28,36 +27,6 @@ from mqguard.testing.waiting import wait_for
 
 BROKERS = [pytest.param("activemq", marks=pytest.mark.activemq),
            pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)]
-
-
-class Client(stomp.ConnectionListener):  # type: ignore[misc]
-    def __init__(self, port: int) -> None:
-        self.lock = threading.Lock()
-        self.messages: list[Any] = []
-        self.receipts: list[str] = []
-        self.errors: list[Any] = []
-        self.conn = stomp.Connection12([("127.0.0.1", port)], vhost="/")
-        self.conn.set_listener("c", self)
-        self.conn.connect("guest", "guest", wait=True)
-
-    def on_message(self, frame: Any) -> None:
-        with self.lock:
-            self.messages.append(frame)
-
-    def on_receipt(self, frame: Any) -> None:
-        with self.lock:
-            self.receipts.append(frame.headers["receipt-id"])
-
-    def on_error(self, frame: Any) -> None:
-        self.errors.append(frame)
-
-    def bodies(self) -> list[str]:
-        with self.lock:
-            return [frame.body for frame in self.messages]
-
-    def close(self) -> None:
-        if self.conn.is_connected():
-            self.conn.disconnect(receipt="bye")
 
 
 def bare_config(tmp_path: Path, **core: Any) -> dict[str, Any]:
@@ -84,15 +53,15 @@ def proxy(broker: ServerHandle, tmp_path: Path) -> Iterator[SidecarThread]:
 
 
 @pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
+def clients() -> Iterator[list[RecordingClient]]:
+    made: list[RecordingClient] = []
     yield made
     for client in made:
         client.close()
 
 
-def connect(port: int, clients: list[Client]) -> Client:
-    client = Client(port)
+def connect(port: int, clients: list[RecordingClient]) -> RecordingClient:
+    client = RecordingClient(port, disconnect_receipt="bye")
     clients.append(client)
     return client
 
@@ -101,7 +70,7 @@ def broker_port(broker: ServerHandle) -> int:
     return int(broker.urls["stomp"].rsplit(":", 1)[1].split("/")[0])
 
 
-def left_in(queue: str, port: int, clients: list[Client]) -> list[str]:
+def left_in(queue: str, port: int, clients: list[RecordingClient]) -> list[str]:
     """The bodies still in ``queue``, read straight from the broker (``port``): what is
     there, then a marker sent behind it (a queue keeps its order)."""
     reader = connect(port, clients)
@@ -118,7 +87,7 @@ def left_in(queue: str, port: int, clients: list[Client]) -> list[str]:
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_sends_reach_the_broker_stamped_and_in_order(
-        proxy: SidecarThread, broker: ServerHandle, clients: list[Client],
+        proxy: SidecarThread, broker: ServerHandle, clients: list[RecordingClient],
         mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     producer = connect(proxy.port, clients)
@@ -148,7 +117,7 @@ def test_sends_reach_the_broker_stamped_and_in_order(
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_an_expiring_send_still_gets_the_guards_expiry(
-        proxy: SidecarThread, broker: ServerHandle, clients: list[Client],
+        proxy: SidecarThread, broker: ServerHandle, clients: list[RecordingClient],
         mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     producer = connect(proxy.port, clients)
@@ -170,7 +139,7 @@ def test_an_expiring_send_still_gets_the_guards_expiry(
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 @pytest.mark.parametrize("mode", ["auto", "client", "client-individual"])
 def test_each_ack_mode_settles_what_it_covers(
-        proxy: SidecarThread, broker: ServerHandle, clients: list[Client],
+        proxy: SidecarThread, broker: ServerHandle, clients: list[RecordingClient],
         mqguard_unique_name: str, mode: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     producer = connect(proxy.port, clients)
@@ -200,7 +169,7 @@ def test_each_ack_mode_settles_what_it_covers(
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_a_nacked_message_goes_back_to_the_broker(
-        proxy: SidecarThread, broker: ServerHandle, clients: list[Client],
+        proxy: SidecarThread, broker: ServerHandle, clients: list[RecordingClient],
         mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     producer = connect(proxy.port, clients)
@@ -222,7 +191,7 @@ def test_a_nacked_message_goes_back_to_the_broker(
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_acks_in_an_aborted_transaction_are_void(
-        proxy: SidecarThread, broker: ServerHandle, clients: list[Client],
+        proxy: SidecarThread, broker: ServerHandle, clients: list[RecordingClient],
         mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     producer = connect(proxy.port, clients)

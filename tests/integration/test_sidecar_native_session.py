@@ -8,14 +8,13 @@ frame answered with an ERROR with nothing lost, a transaction with a duplicate r
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import stomp  # type: ignore[import-untyped]
+from mqguard_tests.stomp_clients import RecordingClient
 
 from mqguard.config import parse_config
 from mqguard.events import read_events
@@ -25,36 +24,6 @@ from mqguard.testing.waiting import wait_for
 
 BROKERS = [pytest.param("activemq", marks=pytest.mark.activemq),
            pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)]
-
-
-class Client(stomp.ConnectionListener):  # type: ignore[misc]
-    def __init__(self, port: int) -> None:
-        self.lock = threading.Lock()
-        self.messages: list[Any] = []
-        self.receipts: list[str] = []
-        self.errors: list[Any] = []
-        self.conn = stomp.Connection12([("127.0.0.1", port)], vhost="/")
-        self.conn.set_listener("c", self)
-        self.conn.connect("guest", "guest", wait=True)
-
-    def on_message(self, frame: Any) -> None:
-        with self.lock:
-            self.messages.append(frame)
-
-    def on_receipt(self, frame: Any) -> None:
-        with self.lock:
-            self.receipts.append(frame.headers["receipt-id"])
-
-    def on_error(self, frame: Any) -> None:
-        self.errors.append(frame)
-
-    def bodies(self) -> list[str]:
-        with self.lock:
-            return [frame.body for frame in self.messages]
-
-    def close(self) -> None:
-        if self.conn.is_connected():
-            self.conn.disconnect()
 
 
 @pytest.fixture
@@ -79,15 +48,15 @@ def proxy(broker: ServerHandle, tmp_path: Path) -> Iterator[SidecarThread]:
 
 
 @pytest.fixture
-def clients(proxy: SidecarThread) -> Iterator[list[Client]]:
-    made: list[Client] = []
+def clients(proxy: SidecarThread) -> Iterator[list[RecordingClient]]:
+    made: list[RecordingClient] = []
     yield made
     for client in made:
         client.close()
 
 
-def connect(proxy: SidecarThread, clients: list[Client]) -> Client:
-    client = Client(proxy.port)
+def connect(proxy: SidecarThread, clients: list[RecordingClient]) -> RecordingClient:
+    client = RecordingClient(proxy.port)
     clients.append(client)
     return client
 
@@ -99,7 +68,7 @@ def events(tmp_path: Path, proxy: SidecarThread) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_receipts_in_order_and_a_repeated_duplicate_id_rejected(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path,
+        proxy: SidecarThread, clients: list[RecordingClient], tmp_path: Path,
         mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     producer = connect(proxy, clients)
@@ -134,7 +103,7 @@ def test_receipts_in_order_and_a_repeated_duplicate_id_rejected(
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_nacked_message_is_counted_to_the_dead_letter_address(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path,
+        proxy: SidecarThread, clients: list[RecordingClient], tmp_path: Path,
         mqguard_unique_name: str) -> None:
     client = connect(proxy, clients)
     queue = f"/queue/{mqguard_unique_name}"
@@ -168,7 +137,7 @@ def test_nacked_message_is_counted_to_the_dead_letter_address(
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_disconnect_waits_for_the_receipts_before_it(
-        proxy: SidecarThread, clients: list[Client], tmp_path: Path,
+        proxy: SidecarThread, clients: list[RecordingClient], tmp_path: Path,
         mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     client = connect(proxy, clients)
@@ -188,7 +157,7 @@ def test_disconnect_waits_for_the_receipts_before_it(
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_malformed_frame_gets_an_error_and_nothing_is_lost(
-        proxy: SidecarThread, clients: list[Client], mqguard_unique_name: str) -> None:
+        proxy: SidecarThread, clients: list[RecordingClient], mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as raw:
         raw.sendall(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\0")
@@ -218,7 +187,7 @@ def test_malformed_frame_gets_an_error_and_nothing_is_lost(
 
 @pytest.mark.parametrize("broker", BROKERS[:1], indirect=True)
 def test_transaction_with_a_duplicate_is_refused_at_commit(
-        proxy: SidecarThread, clients: list[Client], mqguard_unique_name: str) -> None:
+        proxy: SidecarThread, clients: list[RecordingClient], mqguard_unique_name: str) -> None:
     queue = f"/queue/{mqguard_unique_name}"
     client = connect(proxy, clients)
     client.conn.send(queue, "seed", headers={"_AMQ_DUPL_ID": "seen"}, receipt="seed")

@@ -85,6 +85,43 @@ class HealthyClient(stomp.ConnectionListener):  # type: ignore[misc]
         self.conn.disconnect()
 
 
+class RecordingClient(stomp.ConnectionListener):  # type: ignore[misc]
+    """A stock stomp.py 1.2 client that records what it gets: messages, receipt ids,
+    ERROR frames. ``disconnect_receipt``: the receipt its DISCONNECT asks for (None: none)."""
+
+    def __init__(self, port: int, *, disconnect_receipt: str | None = None) -> None:
+        self.lock = threading.Lock()
+        self.messages: list[Any] = []
+        self.receipts: list[str] = []
+        self.errors: list[Any] = []
+        self.disconnect_receipt = disconnect_receipt
+        self.conn = stomp.Connection12([("127.0.0.1", port)], vhost="/")
+        self.conn.set_listener("c", self)
+        self.conn.connect("guest", "guest", wait=True)
+
+    def on_message(self, frame: Any) -> None:
+        with self.lock:
+            self.messages.append(frame)
+
+    def on_receipt(self, frame: Any) -> None:
+        with self.lock:
+            self.receipts.append(frame.headers["receipt-id"])
+
+    def on_error(self, frame: Any) -> None:
+        self.errors.append(frame)
+
+    def bodies(self) -> list[str]:
+        with self.lock:
+            return [frame.body for frame in self.messages]
+
+    def close(self) -> None:
+        if self.conn.is_connected():
+            if self.disconnect_receipt is None:
+                self.conn.disconnect()
+            else:
+                self.conn.disconnect(receipt=self.disconnect_receipt)
+
+
 def healthy_round_trip(port: int, queue: str) -> None:
     """A fresh connection: SEND with a receipt, get it back, DISCONNECT with a receipt."""
     raw = RawClient(port)
