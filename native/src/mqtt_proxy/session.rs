@@ -511,7 +511,22 @@ impl Session {
                 }
                 read = upstream_read.read(&mut upstream_buf), if !upstream_paused => {
                     match read {
-                        Ok(0) => flow = Flow::End("broker closed the connection".to_string()),
+                        Ok(0) => {
+                            // The broker enforces the client's keep-alive too (1.5 x, from
+                            // the last packet forwarded), so it may close first: a close
+                            // when the client has been silent for a keep-alive or more is
+                            // that timeout, and an MQTT 5 client is told so as the sidecar
+                            // would have told it.
+                            let silent_since = deadline.checked_sub(idle).unwrap_or(deadline);
+                            if keep_alive > 0
+                                && !self.gone
+                                && self.version == Version::V5
+                                && silent_since.elapsed() * 3 >= idle * 2
+                            {
+                                self.to_client.packet(&Packet::Disconnect(Reasoned { reason: Some(KEEP_ALIVE_TIMEOUT), properties: None }));
+                            }
+                            flow = Flow::End("broker closed the connection".to_string());
+                        }
                         Err(error) => flow = Flow::End(format!("broker connection failed: {error}")),
                         Ok(n) => {
                             let mut packets = Vec::new();
