@@ -8,13 +8,13 @@ sidecar's own timer fires; a broker that closes sooner gets no such DISCONNECT s
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mqguard_tests.mqtt_raw import RawMqtt
 from mqguard_tests.mqtt_sidecar import mqtt_sidecar_config
+from mqguard_tests.scripted_broker import LoopbackServer
 
 from mqguard.mqtt_codec import MqttDecoder, mqtt_simple
 from mqguard.mqtt_sidecar.server import MqttSidecar
@@ -25,25 +25,15 @@ CONNACK_V5 = bytes([0x20, 0x03, 0x00, 0x00, 0x00])
 PINGRESP = bytes([0xD0, 0x00])
 
 
-class ClosingBroker:
+class ClosingBroker(LoopbackServer):
     """Answers CONNECT and PINGREQ, then closes each connection ``close_after`` seconds
     after the last PINGREQ."""
 
     def __init__(self, close_after: float) -> None:
         self.close_after = close_after
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
-
-    def _serve(self, sock: socket.socket) -> None:
+    def serve(self, sock: socket.socket) -> None:
         decoder = MqttDecoder()
         with sock:
             while True:
@@ -59,9 +49,6 @@ class ClosingBroker:
                         sock.sendall(CONNACK_V5)
                     elif packet.type == "PINGREQ":
                         sock.sendall(PINGRESP)
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture

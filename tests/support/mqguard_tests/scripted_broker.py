@@ -11,24 +11,20 @@ from __future__ import annotations
 import socket
 import threading
 
-__all__ = ["ScriptedBroker"]
+__all__ = ["LoopbackServer", "ScriptedBroker"]
 
 
-class ScriptedBroker:
-    """Accepts connections until :meth:`close`; answers per :meth:`answer`."""
+class LoopbackServer:
+    """Accepts connections on a free loopback port until :meth:`close`, each served by
+    :meth:`serve` on a thread of its own."""
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def answer(self, sock: socket.socket, command: str, headers: dict[str, str]) -> bool:
-        """CONNECTED to CONNECT, a RECEIPT when one is asked for; False after DISCONNECT."""
-        if command in ("CONNECT", "STOMP"):
-            sock.sendall(b"CONNECTED\nversion:1.2\nheart-beat:0,0\nserver:scripted/1\n\n\0")
-        if "receipt" in headers:
-            sock.sendall(f"RECEIPT\nreceipt-id:{headers['receipt']}\n\n\0".encode())
-        return command != "DISCONNECT"
+    def serve(self, sock: socket.socket) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self.listener.close()
@@ -39,9 +35,21 @@ class ScriptedBroker:
                 sock, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+            threading.Thread(target=self.serve, args=(sock,), daemon=True).start()
 
-    def _serve(self, sock: socket.socket) -> None:
+
+class ScriptedBroker(LoopbackServer):
+    """A STOMP broker answering each frame per :meth:`answer`."""
+
+    def answer(self, sock: socket.socket, command: str, headers: dict[str, str]) -> bool:
+        """CONNECTED to CONNECT, a RECEIPT when one is asked for; False after DISCONNECT."""
+        if command in ("CONNECT", "STOMP"):
+            sock.sendall(b"CONNECTED\nversion:1.2\nheart-beat:0,0\nserver:scripted/1\n\n\0")
+        if "receipt" in headers:
+            sock.sendall(f"RECEIPT\nreceipt-id:{headers['receipt']}\n\n\0".encode())
+        return command != "DISCONNECT"
+
+    def serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buffer = b""
         with sock:
